@@ -1,0 +1,41 @@
+"""specdec: composable, provably lossless speculative-decoding blocks around any HuggingFace causal LM.
+
+A flat public API::
+
+    import specdec as sd
+    out = sd.generate(model, ids, drafter=sd.drafters.DraftModelDrafter(small), max_new_tokens=128)
+    tree = sd.compile_tree(sd.trees.EAGLE_MC_SIM_7B_63)
+
+Submodules: ``sd.trees``, ``sd.masks``, ``sd.sampling``, ``sd.verify``, ``sd.drafters``, ``sd.eagle``,
+``sd.schedule``, ``sd.adapter``, ``sd.testing``, ``sd.training``, ``sd.bench``.
+"""
+from . import adapter, drafters, masks, sampling, schedule, testing, trees, verify
+from .adapter import ModelAdapter
+from .drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
+from .generate import GenerateOutput, GenerationStats, generate
+from .masks import causal_mask_with_padding, prefix_valid_from_lengths, tree_attention_mask, tree_positions
+from .sampling import PredrawnNoise, TorchSource, process_logits
+from .schedule import Schedule, make_schedule
+from .trees import Tree, chain_tree, compile_tree
+from .types import Draft, DraftScheme, SamplingParams, VerifyResult
+from .verify import (select_verifier, verify_chain, verify_greedy, verify_tree_deterministic, verify_tree_iid,
+                     verify_tree_without_replacement, verify_typical)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # the loop
+    "generate", "GenerateOutput", "GenerationStats", "ModelAdapter",
+    # contracts
+    "Draft", "DraftScheme", "SamplingParams", "VerifyResult", "Drafter",
+    # trees and masks
+    "Tree", "compile_tree", "chain_tree", "tree_attention_mask", "tree_positions", "causal_mask_with_padding",
+    "prefix_valid_from_lengths",
+    # sampling and verification
+    "process_logits", "TorchSource", "PredrawnNoise", "select_verifier", "verify_greedy", "verify_chain",
+    "verify_tree_deterministic", "verify_tree_iid", "verify_tree_without_replacement", "verify_typical",
+    # drafters and schedules
+    "DraftModelDrafter", "PromptLookupDrafter", "Schedule", "make_schedule",
+    # submodules
+    "adapter", "drafters", "masks", "sampling", "schedule", "testing", "trees", "verify",
+]

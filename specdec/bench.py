@@ -1,0 +1,205 @@
+"""Benchmark harness (Spec-Bench style): tokens/s, speedup, tau and acceptance per depth of decoding
+methods measured in one process and one run, with HF ``generate`` peers.
+
+Protocol (DESIGN.md): warm-up first, synchronised wall clock per prompt, tokens/s = new tokens / time,
+speedup against HF vanilla ``generate`` on the same model in the same run, tau = emitted tokens per target
+forward. Results go to JSON, a Markdown table and plots.
+
+References:
+    Xia et al., "Unlocking Efficiency in LLM Inference: A Comprehensive Survey of Speculative Decoding"
+    (Spec-Bench), arXiv 2401.07851.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benchmark", "to_markdown",
+           "save_results", "plot_results", "load_prompts"]
+
+
+@dataclass
+class RunOutput:
+    """One method on one prompt: new token ids and, for specdec methods, loop statistics."""
+
+    new_tokens: list
+    steps: int | None = None
+    step_tokens: float = 0.0
+    depth_tries: tuple = ()
+    depth_hits: tuple = ()
+    phase_times: dict | None = None
+
+
+@dataclass
+class MethodResult:
+    """Aggregate of one method over all prompts."""
+
+    name: str
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    speedup: float | None = None
+    tau: float | None = None
+    acceptance_per_depth: list = field(default_factory=list)
+    greedy_match: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_prompts(path: str, tokenizer, num_prompts: int, prompt_tokens: int) -> list[torch.Tensor]:
+    """Read ``prompt`` fields of a JSONL file and keep the last ``prompt_tokens`` tokens of each.
+
+    Returns:
+        A list of ``[1, T]`` int64 tensors.
+    """
+    out = []
+    with open(path) as f:
+        for line in f:
+            if len(out) == num_prompts:
+                break
+            ids = tokenizer(json.loads(line)["prompt"], return_tensors="pt").input_ids[:, -prompt_tokens:]
+            out.append(ids)
+    return out
+
+
+def hf_method(model, max_new_tokens: int, **generate_kwargs) -> Callable[[torch.Tensor], RunOutput]:
+    """A peer: HF ``model.generate`` (greedy) with extra arguments (``assistant_model``,
+    ``prompt_lookup_num_tokens``, ...)."""
+
+    def run(ids: torch.Tensor) -> RunOutput:
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, **generate_kwargs)
+        return RunOutput(out[0, ids.shape[1]:].tolist())
+
+    return run
+
+
+def specdec_method(model, make_drafter: Callable | None, max_new_tokens: int, **generate_kwargs
+                   ) -> Callable[[torch.Tensor], RunOutput]:
+    """A specdec recipe: ``specdec.generate`` with a fresh drafter from ``make_drafter()`` (or none)."""
+    from .generate import generate
+
+    drafter = make_drafter() if make_drafter is not None else None
+
+    def run(ids: torch.Tensor) -> RunOutput:
+        out = generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, **generate_kwargs)
+        s = out.stats
+        return RunOutput(out.sequences[0, ids.shape[1]: ids.shape[1] + int(out.num_new_tokens[0])].tolist(),
+                         s.num_steps, s.tau * s.num_steps, s.depth_tries, s.depth_hits, s.phase_times)
+
+    return run
+
+
+def run_benchmark(methods: dict[str, Callable[[torch.Tensor], RunOutput]], prompts: Sequence[torch.Tensor], *,
+                  warmup: int = 2, baseline: str | None = None, reference: str | None = None,
+                  progress: bool = True) -> list[MethodResult]:
+    """Time every method on every prompt (methods interleaved per prompt, so drifts hit all alike).
+
+    Args:
+        methods: name -> runner (see :func:`hf_method`, :func:`specdec_method`).
+        prompts: ``[1, T]`` prompt tensors on the model's device.
+        warmup: prompts run untimed first by every method.
+        baseline: the method speedups are relative to (default: the first).
+        reference: the method whose outputs define the greedy match rate (default: ``baseline``).
+
+    Returns:
+        One :class:`MethodResult` per method, in the order given.
+    """
+    from tqdm.auto import tqdm
+
+    names = list(methods)
+    baseline = baseline or names[0]
+    reference = reference or baseline
+    for ids in prompts[:warmup]:
+        for name in names:
+            methods[name](ids)
+    outputs = {n: [] for n in names}
+    seconds = {n: 0.0 for n in names}
+    for ids in tqdm(prompts, desc="benchmark", disable=not progress):
+        for name in names:
+            _sync()
+            t0 = time.perf_counter()
+            out = methods[name](ids)
+            _sync()
+            seconds[name] += time.perf_counter() - t0
+            outputs[name].append(out)
+    results = []
+    for name in names:
+        outs = outputs[name]
+        new = sum(len(o.new_tokens) for o in outs)
+        res = MethodResult(name, new, seconds[name], new / seconds[name])
+        steps = [o.steps for o in outs]
+        if all(s is not None for s in steps) and sum(steps):
+            res.tau = sum(o.step_tokens for o in outs) / sum(steps)
+            depth = max((len(o.depth_tries) for o in outs), default=0)
+            tries = [sum(o.depth_tries[d] for o in outs if len(o.depth_tries) > d) for d in range(depth)]
+            hits = [sum(o.depth_hits[d] for o in outs if len(o.depth_hits) > d) for d in range(depth)]
+            res.acceptance_per_depth = [h / t for h, t in zip(hits, tries) if t]
+            res.extra["steps"] = sum(steps)
+            phases = [o.phase_times for o in outs if o.phase_times]
+            if phases:
+                res.extra["ms_per_step"] = {k: 1e3 * sum(p[k] for p in phases) / sum(steps) for k in phases[0]}
+        ref = outputs[reference]
+        match = [o.new_tokens == r.new_tokens for o, r in zip(outs, ref)]
+        res.greedy_match = sum(match) / len(match)
+        results.append(res)
+    base = next(r for r in results if r.name == baseline)
+    for r in results:
+        r.speedup = r.tokens_per_second / base.tokens_per_second
+    return results
+
+
+def to_markdown(results: Sequence[MethodResult], title: str = "") -> str:
+    """A Markdown table of the results."""
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| method | tokens/s | speedup | tau | accept@1..D | same output as reference |",
+              "|---|---:|---:|---:|---|---:|"]
+    for r in results:
+        acc = " ".join(f"{a:.2f}" for a in r.acceptance_per_depth) or "-"
+        tau = f"{r.tau:.2f}" if r.tau is not None else "-"
+        lines.append(f"| {r.name} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | {tau} | {acc} | "
+                     f"{100 * r.greedy_match:.0f}% |")
+    return "\n".join(lines)
+
+
+def save_results(results: Sequence[MethodResult], path: str, **meta) -> None:
+    """Write results and run metadata as JSON."""
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=2)
+
+
+def plot_results(results: Sequence[MethodResult], path: str, title: str = "") -> None:
+    """Bar chart of speedups (with tau annotated) and acceptance-per-depth curves, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r.name for r in results]
+    ax1.barh(names, [r.speedup for r in results], color="#4C72B0")
+    for i, r in enumerate(results):
+        label = f"{r.speedup:.2f}x" + (f"  tau {r.tau:.2f}" if r.tau is not None else "")
+        ax1.text(r.speedup, i, " " + label, va="center", fontsize=8)
+    ax1.axvline(1.0, color="grey", lw=0.8)
+    ax1.set_xlabel("speedup vs baseline (tokens/s ratio)")
+    ax1.invert_yaxis()
+    for r in results:
+        if r.acceptance_per_depth:
+            ax2.plot(range(1, len(r.acceptance_per_depth) + 1), r.acceptance_per_depth, marker="o", label=r.name)
+    ax2.set_xlabel("draft depth d")
+    ax2.set_ylabel("P(depth-d draft accepted | drafted)")
+    ax2.set_ylim(0, 1.02)
+    ax2.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

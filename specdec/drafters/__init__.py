@@ -1,0 +1,7 @@
+"""Draft generators: each proposes a tree (a chain is a tree) and says how it chose its tokens."""
+from .base import Drafter, Feedback, ProposeRequest
+from .draft_model import DraftModelDrafter, DraftModelState
+from .prompt_lookup import PromptLookupDrafter, PromptLookupState
+
+__all__ = ["Drafter", "Feedback", "ProposeRequest", "DraftModelDrafter", "DraftModelState", "PromptLookupDrafter",
+           "PromptLookupState"]

@@ -1,0 +1,89 @@
+"""The drafter contract: a stateful block whose state goes in and comes out explicitly.
+
+A drafter is any object with the attributes and three methods of :class:`Drafter`. ``generate()`` calls
+``start`` once after the prompt's target pass, then per step ``propose`` (before the target verifies) and
+``update`` (after it). Drafters never touch the target model; what they need from it arrives as
+:class:`Feedback`.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from ..types import Draft, SamplingParams
+
+__all__ = ["Feedback", "ProposeRequest", "Drafter"]
+
+
+class Feedback(NamedTuple):
+    """Committed tokens the target has just run, and what it computed for them.
+
+    After the prompt's pass these are the prompt tokens (left padding marked invalid); after a verification
+    step they are the root and the accepted drafts of each row (left-aligned, the rest invalid).
+
+    Attributes:
+        tokens: Shape ``[B, M]`` int64, the committed tokens the target just processed.
+        next_tokens: Shape ``[B, M]`` int64, the token that follows each entry in the sequence (``tokens``
+            shifted left by one; the last valid entry of a row is followed by the new root).
+        positions: Shape ``[B, M]`` int64, position ids of ``tokens`` (0 = first real prompt token).
+        valid: Shape ``[B, M]`` bool, which entries are real.
+        features: one tensor of shape ``[B, M, H]`` per layer in the drafter's ``feature_layers``: the
+            target's hidden states at these tokens (HF ``hidden_states`` index: ``i`` is the input of decoder
+            layer ``i``; ``num_hidden_layers`` is the output after the final norm).
+        roots: Shape ``[B]`` int64, the new root (last committed token, not yet run by the target).
+        accepted_nodes: Shape ``[B, M]`` int64 or ``None``: for each entry, its node index in the tree the
+            drafter last proposed (0 = that step's root, ``-1`` where invalid); ``None`` after the prompt.
+            Lets a drafter keep the cache entries it computed for accepted nodes.
+    """
+
+    tokens: torch.Tensor
+    next_tokens: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    features: tuple[torch.Tensor, ...]
+    roots: torch.Tensor
+    accepted_nodes: torch.Tensor | None = None
+
+
+class ProposeRequest(NamedTuple):
+    """What ``generate()`` asks of a drafter for one step.
+
+    Attributes:
+        roots: Shape ``[B]`` int64, the root token of each row (node 0 of the tree).
+        root_positions: Shape ``[B]`` int64, the position id of the root.
+        num_drafts: ``K`` from the schedule: the chain length, or for tree drafters the depth bound. ``0``
+            never reaches a drafter (the step is plain decoding).
+        sampling: the sampling parameters of the run (drafters that sample apply them to their own logits).
+        generator: the randomness of the run; drafters never use the global RNG.
+        active: Shape ``[B]`` bool, rows still generating (a drafter may skip work for finished rows).
+    """
+
+    roots: torch.Tensor
+    root_positions: torch.Tensor
+    num_drafts: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    active: torch.Tensor
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A draft generator.
+
+    Attributes:
+        max_num_drafts: the largest ``K`` this drafter accepts (a schedule asking for more is refused).
+        feature_layers: target hidden-state layers the drafter needs in :class:`Feedback` (empty for none).
+    """
+
+    max_num_drafts: int
+    feature_layers: tuple[int, ...]
+
+    def start(self, feedback: Feedback) -> Any:
+        """Build the drafter's state from the prompt's target pass."""
+
+    def propose(self, state: Any, request: ProposeRequest) -> tuple[Draft, Any]:
+        """Draft tokens for each row; returns the draft and the new state."""
+
+    def update(self, state: Any, feedback: Feedback) -> Any:
+        """Absorb the verification outcome (committed tokens and their target features)."""

@@ -1,0 +1,233 @@
+"""An independent draft model (speculative sampling, SpS) as a drafter: any HF causal LM with the target's
+vocabulary, drafting a chain or a static tree, by top-k or by sampling.
+
+References:
+    Leviathan et al., "Fast Inference from Transformers via Speculative Decoding", arXiv 2211.17192.
+    Chen et al., "Accelerating LLM Decoding with Speculative Sampling", arXiv 2302.01318.
+    Miao et al., "SpecInfer", arXiv 2305.09781 (trees of draft tokens).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..adapter import CacheState, ModelAdapter
+from ..sampling import as_source, process_logits
+from ..trees import Tree, chain_tree, compile_tree
+from ..types import Draft, DraftScheme
+from .base import Feedback, ProposeRequest
+
+__all__ = ["DraftModelDrafter", "DraftModelState", "left_compact"]
+
+_MODES = ("auto", "topk", "sample", "sample_iid")
+
+
+def left_compact(values: torch.Tensor, keep: torch.Tensor, fill: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move each row's kept entries to the front, in order.
+
+    Args:
+        values: Shape ``[B, W]``.
+        keep: Shape ``[B, W]`` bool.
+        fill: value written after the kept entries.
+
+    Returns:
+        ``(compacted [B, W], counts [B])``.
+    """
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices
+    out = values.gather(1, order)
+    counts = keep.sum(1)
+    ar = torch.arange(values.shape[1], device=values.device)[None, :]
+    return out.masked_fill(ar >= counts[:, None], fill), counts
+
+
+class DraftModelState(NamedTuple):
+    """State of :class:`DraftModelDrafter`.
+
+    Attributes:
+        cache: the draft model's cache.
+        pending_tokens: Shape ``[B, P0]``, committed tokens the draft model has not run yet, left-aligned
+            (the last real one is the root).
+        pending_counts: Shape ``[B]``, real entries of ``pending_tokens``.
+        node_slots: Shape ``[B, N + 1]``, pending-cache slot of each node of the last proposal (-1: not run).
+        num_forwards: draft-model forwards so far.
+    """
+
+    cache: CacheState
+    pending_tokens: torch.Tensor
+    pending_counts: torch.Tensor
+    node_slots: torch.Tensor | None
+    num_forwards: int
+
+
+class DraftModelDrafter:
+    """Draft with an independent HF causal LM, one draft forward per tree level.
+
+    Args:
+        model: the draft model (same vocabulary as the target; ``sdpa`` or ``eager`` attention).
+        num_drafts: the largest K (chain length, or depth bound of ``tree``).
+        tree: tree choices or a compiled :class:`~specdec.trees.Tree`; ``None`` drafts a chain of K tokens.
+        mode: ``"topk"`` (deterministic: each node's children are its top-ranked tokens; verified target-only),
+            ``"sample"`` (children sampled without replacement — a chain is then plain sampling; verified by
+            recursive rejection sampling), ``"sample_iid"`` (children sampled i.i.d.; SpecInfer verification),
+            or ``"auto"``: ``"topk"`` when greedy, ``"sample"`` otherwise.
+
+    Each draft carries its :class:`~specdec.types.DraftScheme`, so ``generate()`` pairs it with the verifier
+    that is exact for it.
+    """
+
+    def __init__(self, model, num_drafts: int = 4, tree: Tree | list | str | None = None, mode: str = "auto"):
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+        if tree is not None and not isinstance(tree, Tree):
+            tree = compile_tree(tree)
+        if num_drafts < 1:
+            raise ValueError(f"num_drafts must be >= 1, got {num_drafts}.")
+        if tree is not None and num_drafts > tree.max_depth:
+            num_drafts = tree.max_depth
+        self.model = model
+        self.adapter = ModelAdapter(model)
+        self.tree = tree
+        self.mode = mode
+        self.max_num_drafts = num_drafts
+        self.feature_layers: tuple[int, ...] = ()
+        self.vocab_size = getattr(model.config, "vocab_size", None)
+        self._trees: dict = {}
+
+    def _plan(self, k: int, device) -> tuple[Tree, list]:
+        """Per level: (nodes, parent position among the previous run, ranks, max children, nodes to run)."""
+        key = (k, str(device))
+        if key not in self._trees:
+            tree = chain_tree(k) if self.tree is None else self.tree.prune(k)
+            parents, depths, ranks = tree.parents, tree.depths, tree.ranks
+            has_child = torch.zeros(tree.num_nodes + 1, dtype=torch.bool)
+            has_child[parents[1:]] = True
+            plan, prev_run = [], torch.zeros(1, dtype=torch.long)
+            for level in range(1, tree.max_depth + 1):
+                lvl = torch.nonzero(depths == level).flatten()
+                parent_pos = torch.searchsorted(prev_run, parents[lvl])
+                run = lvl[has_child[lvl]] if level < tree.max_depth else None
+                plan.append((lvl.to(device), parent_pos.to(device), ranks[lvl].to(device),
+                             int(ranks[lvl].max()) + 1, None if run is None or run.numel() == 0 else run.to(device)))
+                if run is None or run.numel() == 0:
+                    break
+                prev_run = run
+            self._trees[key] = (tree, plan)
+        return self._trees[key]
+
+    @staticmethod
+    def _parents_of(tree: Tree, nodes: torch.Tensor) -> torch.Tensor:
+        return tree.parents.to(nodes.device)[nodes]
+
+    # ------------------------------------------------------------------ protocol
+    def start(self, feedback: Feedback) -> DraftModelState:
+        """Run the prompt through the draft model; the first root becomes pending."""
+        _, cache = self.adapter.prefill(feedback.tokens, feedback.valid)
+        roots = feedback.roots[:, None]
+        return DraftModelState(cache, roots, torch.ones_like(feedback.roots), None, 1)
+
+    def propose(self, state: DraftModelState, request: ProposeRequest) -> tuple[Draft, DraftModelState]:
+        """Draft a tree (or chain) of depth ``request.num_drafts`` level by level."""
+        if request.num_drafts > self.max_num_drafts:
+            raise ValueError(f"K={request.num_drafts} exceeds this drafter's maximum of {self.max_num_drafts}.")
+        tree, plan = self._plan(request.num_drafts, request.roots.device)
+        mode = self.mode
+        if mode == "auto" or request.sampling.is_greedy:
+            mode = "topk" if request.sampling.is_greedy else "sample"
+        source = None if mode == "topk" else as_source(request.generator)
+        device = request.roots.device
+        B = request.roots.shape[0]
+        N = tree.num_nodes
+        cache = state.cache
+        node_slots = torch.full((B, N + 1), -1, dtype=torch.long, device=device)
+        tokens = torch.zeros(B, N + 1, dtype=torch.long, device=device)
+        tokens[:, 0] = request.roots
+        keep_q = mode != "topk"
+        qs_per_level = []
+
+        # Level 0: run the pending committed tokens (a chain ending in the root).
+        P0 = state.pending_tokens.shape[1]
+        ar = torch.arange(P0, device=device)[None, :]
+        present = ar < state.pending_counts[:, None]
+        chain_parents = (ar - 1).expand(B, P0).masked_fill(~present, -1)
+        out, cache = self.adapter.forward(cache, state.pending_tokens, chain_parents, cache.lengths[:, None] + ar,
+                                          present)
+        forwards = 1
+        root_slot = state.pending_counts - 1
+        node_slots[:, 0] = root_slot
+        logits = out.logits.gather(1, root_slot[:, None, None].expand(-1, 1, out.logits.shape[-1]))
+        root_pos = cache.lengths + root_slot
+        num_slots = P0
+        for level, (lvl, parent_pos, lvl_ranks, n_child, run) in enumerate(plan, start=1):
+            # Children of this level's parents, chosen from the parents' draft distributions.
+            q = process_logits(logits.float(), request.sampling) if keep_q else None
+            choice = self._choose(logits.float(), q, n_child, mode, source)  # [B, n_parents, n_child]
+            tokens[:, lvl] = choice[:, parent_pos, lvl_ranks]
+            if keep_q:
+                qs_per_level.append(q[:, parent_pos])
+            if run is None:
+                break
+            # Run the nodes of this level that have children; their logits feed the next level.
+            out, cache = self.adapter.forward(cache, tokens[:, run], node_slots[:, self._parents_of(tree, run)],
+                                              (root_pos[:, None] + level).expand(B, run.numel()))
+            forwards += 1
+            node_slots[:, run] = num_slots + torch.arange(run.numel(), device=device)[None, :]
+            num_slots += run.numel()
+            logits = out.logits
+        draft_q = torch.cat(qs_per_level, 1) if keep_q else None
+        parents = tree.parents.to(device)
+        depths = tree.depths.to(device)
+
+        draft = Draft(
+            tokens=tokens[:, 1:],
+            parents=parents[None].expand(B, -1).contiguous(),
+            depths=depths[None].expand(B, -1).contiguous(),
+            draft_probs=draft_q,
+            scheme={"topk": DraftScheme.DETERMINISTIC, "sample": DraftScheme.WITHOUT_REPLACEMENT,
+                    "sample_iid": DraftScheme.IID}[mode],
+        )
+        if keep_q and tree.num_nodes == tree.max_depth:
+            draft = draft._replace(scheme=DraftScheme.IID)  # a sampled chain: one child per node
+        return draft, state._replace(cache=cache, node_slots=node_slots, num_forwards=state.num_forwards + forwards)
+
+    @staticmethod
+    def _choose(logits, q, n_child, mode, source) -> torch.Tensor:
+        """Children tokens per parent: ``[B, n_parents, n_child]``."""
+        if mode == "topk":
+            return logits.topk(n_child, dim=-1).indices
+        picks = []
+        weights = q.clone()
+        for _ in range(n_child):
+            tok = source.categorical(weights)
+            picks.append(tok)
+            if mode == "sample":  # without replacement: remove the drawn token for the next sibling
+                weights = weights.scatter(-1, tok[..., None], 0.0)
+        return torch.stack(picks, -1)
+
+    def update(self, state: DraftModelState, feedback: Feedback) -> DraftModelState:
+        """Keep the draft cache of committed tokens; what the draft model has not run becomes pending."""
+        B, M = feedback.tokens.shape
+        device = feedback.tokens.device
+        P0 = state.pending_tokens.shape[1]
+        if state.node_slots is None:  # a plain step (K = 0): the draft ran nothing, the new root queues up
+            ar = torch.arange(P0 + 1, device=device)[None, :]
+            pend = torch.cat([state.pending_tokens, feedback.roots[:, None]], 1)
+            pend = pend.scatter(1, state.pending_counts[:, None], feedback.roots[:, None])
+            return state._replace(pending_tokens=pend, pending_counts=state.pending_counts + 1)
+        path = feedback.accepted_nodes.clamp(min=0)
+        slots = state.node_slots.gather(1, path)  # slot of each committed path entry
+        slots = slots.masked_fill(~feedback.valid, -1)
+        ran = slots >= 0
+        ran[:, 0] = False  # the root is among the pending committed tokens already
+        ar = torch.arange(P0, device=device)[None, :].expand(B, -1)
+        committed_pending = ar < state.pending_counts[:, None]
+        keep, counts = left_compact(torch.cat([ar, slots], 1), torch.cat([committed_pending, ran], 1))
+        width = int(counts.max())
+        cache = self.adapter.commit(state.cache, keep[:, :width], counts)
+        # Committed path tokens the draft model did not run (at most the deepest), then the new root.
+        not_run = feedback.valid & (slots < 0)
+        not_run[:, 0] = False
+        pend, pcount = left_compact(torch.cat([feedback.tokens, feedback.roots[:, None]], 1),
+                                    torch.cat([not_run, torch.ones(B, 1, dtype=torch.bool, device=device)], 1), 0)
+        width = int(pcount.max())
+        return state._replace(cache=cache, pending_tokens=pend[:, :width], pending_counts=pcount, node_slots=None)

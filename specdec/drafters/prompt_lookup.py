@@ -1,0 +1,297 @@
+"""Prompt lookup (n-gram) drafting: copy what followed the last time the current suffix appeared.
+
+Model-free: the drafter keeps each row's committed tokens (prompt, then every accepted token), finds an earlier
+occurrence of the sequence's last ``n`` tokens (longest ``n`` first) and proposes the tokens that followed it as a
+chain. It pays off whenever the output repeats its input: code edits, summaries, retrieval-augmented answers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from ..types import Draft, DraftScheme
+from .base import Feedback, ProposeRequest
+
+__all__ = ["PromptLookupDrafter", "PromptLookupState", "find_ngram_continuations", "find_ngram_continuations_ref"]
+
+_CAPACITY_STEP = 64
+
+
+class PromptLookupState(NamedTuple):
+    """Committed token history of every row.
+
+    Attributes:
+        history: Shape ``[B, T]`` int64, row ``b``'s committed tokens in ``history[b, :lengths[b]]``
+            (left-aligned; the rest is padding with no meaning). The current root is not included: it is
+            committed but not yet run by the target, and arrives in ``ProposeRequest.roots``.
+        lengths: Shape ``[B]`` int64, number of committed tokens per row.
+    """
+
+    history: torch.Tensor
+    lengths: torch.Tensor
+
+
+def _append(state: PromptLookupState, tokens: torch.Tensor, valid: torch.Tensor) -> PromptLookupState:
+    """Append each row's valid ``tokens`` (in order) to its history; returns a new state (inputs untouched)."""
+    history, lengths = state
+    valid = valid.to(torch.bool)
+    counts = valid.sum(dim=1)
+    new_lengths = lengths + counts
+    capacity = int(new_lengths.max()) if new_lengths.numel() else 0
+    capacity = max(history.shape[1], -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP)
+    # One spare column receives the invalid entries' writes and is dropped.
+    out = history.new_zeros((history.shape[0], capacity + 1))
+    out[:, : history.shape[1]] = history
+    dest = lengths[:, None] + valid.long().cumsum(dim=1) - 1
+    dest = torch.where(valid, dest, torch.full_like(dest, capacity))
+    out.scatter_(1, dest, tokens.to(out.dtype))
+    return PromptLookupState(out[:, :capacity], new_lengths)
+
+
+def find_ngram_continuations(
+    sequences: torch.Tensor,
+    lengths: torch.Tensor,
+    num_tokens: int,
+    max_ngram_size: int,
+    min_ngram_size: int = 1,
+    *,
+    most_recent: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the tokens that followed an earlier occurrence of the row's longest matching suffix n-gram.
+
+    For ``n`` from ``max_ngram_size`` down to ``min_ngram_size``, the suffix ``s[L - n : L]`` of a row of
+    length ``L`` is searched among the windows ``s[i : i + n]`` with ``i + n < L`` (an *earlier* occurrence, which
+    may overlap the suffix but is not the suffix itself). The first ``n`` with a match wins; among its matches
+    the most recent one (largest ``i``) is used, or the first one when ``most_recent=False`` (HF's and the
+    original prompt-lookup choice). The continuation is ``s[i + n : min(i + n + num_tokens, L)]``.
+
+    Args:
+        sequences: Shape ``[B, T]`` int64, left-aligned token rows; entries at ``>= lengths[b]`` are ignored.
+        lengths: Shape ``[B]`` int64, valid length of each row (``0 <= lengths[b] <= T``).
+        num_tokens: ``K``, the most tokens to return per row, ``>= 0``.
+        max_ngram_size: longest suffix tried, ``>= min_ngram_size``.
+        min_ngram_size: shortest suffix tried, ``>= 1``.
+        most_recent: pick the latest earlier occurrence (default) rather than the first.
+
+    Returns:
+        ``(tokens, counts)``: ``tokens`` of shape ``[B, num_tokens]`` int64 (the continuation left-aligned,
+        zeros after it) and ``counts`` of shape ``[B]`` int64, tokens found per row (0 when nothing matched).
+
+    Example:
+        >>> seq = torch.tensor([[5, 6, 7, 8, 5, 6]])
+        >>> find_ngram_continuations(seq, torch.tensor([6]), 3, max_ngram_size=3)
+        (tensor([[7, 8, 5]]), tensor([3]))
+
+    References:
+        Saxena, "Prompt Lookup Decoding" (2023), https://github.com/apoorvumang/prompt-lookup-decoding
+    """
+    if sequences.dim() != 2 or lengths.shape != sequences.shape[:1]:
+        raise ValueError(
+            f"sequences must be [B, T] with lengths [B]; got {tuple(sequences.shape)} and {tuple(lengths.shape)}"
+        )
+    if not 1 <= min_ngram_size <= max_ngram_size:
+        raise ValueError(
+            f"need 1 <= min_ngram_size <= max_ngram_size, got min {min_ngram_size}, max {max_ngram_size}"
+        )
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    batch, width = sequences.shape
+    device = sequences.device
+    lengths = lengths.to(device=device, dtype=torch.long)
+    # Match start per row; -1 until some n matched. Longer n are tried first and never overwritten.
+    start = torch.full((batch,), -1, dtype=torch.long, device=device)
+    for n in range(min(max_ngram_size, width - 1), min_ngram_size - 1, -1):
+        num_windows = width - n + 1
+        windows = sequences.unfold(1, n, 1)  # [B, W, n]
+        suffix_idx = (lengths[:, None] - n + torch.arange(n, device=device)).clamp(min=0)
+        suffix = sequences.gather(1, suffix_idx)  # [B, n]
+        matches = (windows == suffix[:, None, :]).all(dim=2)
+        window_starts = torch.arange(num_windows, device=device)
+        matches &= window_starts[None, :] + n < lengths[:, None]
+        found = matches.any(dim=1) & (start < 0)
+        if most_recent:
+            where = torch.where(matches, window_starts, -1).amax(dim=1)
+        else:
+            where = torch.where(matches, window_starts, num_windows).amin(dim=1)
+        start = torch.where(found, where + n, start)
+        if bool((start >= 0).all()):
+            break
+    counts = torch.where(start >= 0, (lengths - start).clamp(max=num_tokens), 0)
+    offsets = torch.arange(num_tokens, device=device)
+    index = (start.clamp(min=0)[:, None] + offsets).clamp(max=max(width - 1, 0))
+    tokens = sequences.gather(1, index) if width else sequences.new_zeros((batch, num_tokens))
+    tokens = torch.where(offsets[None, :] < counts[:, None], tokens, 0)
+    return tokens, counts
+
+
+def find_ngram_continuations_ref(
+    sequences: torch.Tensor,
+    lengths: torch.Tensor,
+    num_tokens: int,
+    max_ngram_size: int,
+    min_ngram_size: int = 1,
+    *,
+    most_recent: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-Python reference of :func:`find_ngram_continuations` (same signature and result), for tests.
+
+    Args:
+        sequences: Shape ``[B, T]`` int64, left-aligned token rows.
+        lengths: Shape ``[B]`` int64, valid length of each row.
+        num_tokens: ``K``, the most tokens to return per row.
+        max_ngram_size: longest suffix tried.
+        min_ngram_size: shortest suffix tried.
+        most_recent: pick the latest earlier occurrence rather than the first.
+
+    Returns:
+        ``(tokens, counts)`` of shapes ``[B, num_tokens]`` and ``[B]``, as :func:`find_ngram_continuations`.
+    """
+    tokens = torch.zeros((sequences.shape[0], num_tokens), dtype=torch.long)
+    counts = torch.zeros(sequences.shape[0], dtype=torch.long)
+    for b, (row, length) in enumerate(zip(sequences.tolist(), lengths.tolist())):
+        row = row[:length]
+        for n in range(max_ngram_size, min_ngram_size - 1, -1):
+            if n >= length:
+                continue
+            suffix = row[length - n :]
+            hits = [i for i in range(length - n) if row[i : i + n] == suffix]
+            if hits:
+                i = hits[-1] if most_recent else hits[0]
+                found = row[i + n : i + n + num_tokens]
+                tokens[b, : len(found)] = torch.tensor(found, dtype=torch.long)
+                counts[b] = len(found)
+                break
+    return tokens.to(sequences.device), counts.to(sequences.device)
+
+
+@dataclass(frozen=True)
+class PromptLookupDrafter:
+    """Model-free drafter proposing, per row, a chain copied from an earlier occurrence of the current suffix.
+
+    Each step the row's sequence is its committed history followed by the root. The longest suffix n-gram
+    (``max_ngram_size`` down to ``min_ngram_size`` tokens) that occurred earlier is located, most recent
+    occurrence first, and the up to ``K`` tokens that followed it are proposed as a chain; a row with no match
+    drafts nothing that step (its nodes are absent). Proposals are a deterministic function of the history,
+    so the draft's scheme is ``DETERMINISTIC`` and verification is lossless for any sampling setting.
+
+    Differences from HF's ``prompt_lookup_num_tokens``: HF takes the *first* occurrence (pass
+    ``most_recent=False`` to match it) and its ``max_matching_ngram_size`` defaults to 2; it also cuts the
+    proposal at EOS, which this drafter leaves to ``generate()``'s stopping rule.
+
+    Args:
+        max_ngram_size: longest suffix to match (3 in the original prompt lookup decoding).
+        min_ngram_size: shortest suffix to match.
+        num_drafts: ``K``, the longest chain proposed (``max_num_drafts``; a schedule may ask for fewer).
+        most_recent: match the latest earlier occurrence (default) instead of the first.
+
+    References:
+        Saxena, "Prompt Lookup Decoding" (2023), https://github.com/apoorvumang/prompt-lookup-decoding;
+        HF ``PromptLookupCandidateGenerator``; vLLM's ``[ngram]`` speculator.
+    """
+
+    max_ngram_size: int = 3
+    min_ngram_size: int = 1
+    num_drafts: int = 10
+    most_recent: bool = True
+
+    feature_layers: ClassVar[tuple[int, ...]] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram_size <= self.max_ngram_size:
+            raise ValueError(
+                "need 1 <= min_ngram_size <= max_ngram_size, got "
+                f"min_ngram_size={self.min_ngram_size}, max_ngram_size={self.max_ngram_size}"
+            )
+        if self.num_drafts < 1:
+            raise ValueError(f"num_drafts must be >= 1 (the longest chain to propose), got {self.num_drafts}")
+
+    @property
+    def max_num_drafts(self) -> int:
+        """The largest ``K`` this drafter accepts (``num_drafts``)."""
+        return self.num_drafts
+
+    def start(self, feedback: Feedback) -> PromptLookupState:
+        """Record the prompt tokens of every row (left padding, marked invalid, is skipped).
+
+        Args:
+            feedback: the prompt's :class:`Feedback`; only ``tokens`` (shape ``[B, M]``) and ``valid`` (shape
+                ``[B, M]``) are read.
+
+        Returns:
+            A :class:`PromptLookupState` holding each row's valid prompt tokens.
+        """
+        batch = feedback.tokens.shape[0]
+        empty = PromptLookupState(
+            feedback.tokens.new_zeros((batch, 0), dtype=torch.long),
+            torch.zeros(batch, dtype=torch.long, device=feedback.tokens.device),
+        )
+        return _append(empty, feedback.tokens, feedback.valid)
+
+    def update(self, state: PromptLookupState, feedback: Feedback) -> PromptLookupState:
+        """Append each row's newly committed tokens (the root and its accepted drafts) to the history.
+
+        Args:
+            state: the state from ``start`` or the previous ``update``.
+            feedback: the step's :class:`Feedback`; ``tokens`` and ``valid`` (shape ``[B, M]``) are read.
+
+        Returns:
+            The new :class:`PromptLookupState` (``state`` is not modified).
+        """
+        if feedback.tokens.shape[0] != state.history.shape[0]:
+            raise ValueError(
+                f"feedback has {feedback.tokens.shape[0]} rows but the state has {state.history.shape[0]}; "
+                "call start() again when the batch changes"
+            )
+        return _append(state, feedback.tokens, feedback.valid)
+
+    def propose(self, state: PromptLookupState, request: ProposeRequest) -> tuple[Draft, PromptLookupState]:
+        """Propose each row's n-gram continuation as a chain of at most ``request.num_drafts`` tokens.
+
+        Args:
+            state: the current :class:`PromptLookupState`.
+            request: the step's :class:`ProposeRequest`; reads ``roots`` (shape ``[B]``), ``num_drafts`` and
+                ``active`` (shape ``[B]``; inactive rows draft nothing).
+
+        Returns:
+            ``(draft, state)``: a chain :class:`Draft` with ``tokens`` of shape ``[B, k]`` where ``k`` is the
+            longest proposal in the batch (node ``i`` has parent ``i - 1`` and depth ``i``; a row's nodes past
+            its own proposal are absent: parent ``-1``, depth 0), ``draft_probs=None`` and scheme
+            ``DETERMINISTIC``; and the unchanged state.
+        """
+        k = request.num_drafts
+        if not 1 <= k <= self.num_drafts:
+            raise ValueError(
+                f"num_drafts={k} is outside 1..{self.num_drafts} for this PromptLookupDrafter; lower the "
+                f"schedule's K or build the drafter with num_drafts >= {k} (K = 0 steps skip the drafter)"
+            )
+        history, lengths = state
+        batch = history.shape[0]
+        roots = request.roots.to(device=history.device, dtype=torch.long)
+        if roots.shape != (batch,):
+            raise ValueError(f"roots must have shape [{batch}] (one per row), got {tuple(roots.shape)}")
+        sequences = torch.cat([history, history.new_zeros((batch, 1))], dim=1)
+        sequences.scatter_(1, lengths[:, None], roots[:, None])
+        tokens, counts = find_ngram_continuations(
+            sequences,
+            lengths + 1,
+            k,
+            self.max_ngram_size,
+            self.min_ngram_size,
+            most_recent=self.most_recent,
+        )
+        counts = torch.where(request.active.to(counts.device), counts, 0)
+        width = int(counts.max()) if batch else 0
+        return _chain_draft(tokens[:, :width], counts), state
+
+
+def _chain_draft(tokens: torch.Tensor, counts: torch.Tensor) -> Draft:
+    """A chain :class:`Draft` of ``counts[b]`` present nodes per row; later nodes are absent."""
+    batch, width = tokens.shape
+    nodes = torch.arange(width + 1, device=tokens.device)
+    present = (nodes[None, :] <= counts[:, None]) & (nodes[None, :] > 0)
+    parents = torch.where(present, nodes - 1, -1)
+    depths = torch.where(present, nodes, 0)
+    tokens = torch.where(present[:, 1:], tokens, 0)
+    return Draft(tokens=tokens, parents=parents, depths=depths, draft_probs=None, scheme=DraftScheme.DETERMINISTIC)

@@ -1,0 +1,281 @@
+"""EAGLE-2 dynamic draft trees: expand the most likely frontier level by level, then rerank to a node budget.
+
+A node's *value* is the product of the draft's probabilities along its path, kept as a cumulative
+log-probability. Per step and per row:
+
+1. **Root.** The head's distribution after the root gives ``top_k`` children: level 1, also the first frontier.
+2. **Expansion** (levels ``2..depth``). One head forward runs the whole frontier (``top_k`` nodes) under a tree
+   mask; each frontier node proposes its ``top_k`` children (score = parent score + child log-prob). All
+   ``top_k**2`` children are recorded as candidates; the best ``top_k`` of them (by score) form the next
+   frontier.
+3. **Rerank.** Of all ``top_k + (depth - 1) * top_k**2`` candidates, keep the ``total_tokens - 1`` best by
+   score and sort them by candidate index, so parents precede children and levels are stored breadth-first.
+
+The selected set is ancestor-closed: a child's score never exceeds its parent's (log-probs are ``<= 0``), and
+ties are broken toward the smaller candidate index (the parent), by a stable sort.
+
+The head is abstracted as an ``expand`` callable, so the tree logic runs (and is tested) without a model::
+
+    expand(tokens [B, F], parent_hidden [B, F, H], visible [B, F, S], level) -> (logits [B, F, V'], hidden [B, F, H])
+
+``visible[b, i, s]`` says whether frontier node ``i`` sees tree scratch slot ``s`` (its ancestors and itself);
+the frontier's own keys go to the last ``F`` of the ``S`` scratch slots. ``level`` is the frontier's depth.
+
+References:
+    Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", EMNLP 2024,
+    arXiv 2406.16858, https://arxiv.org/abs/2406.16858 (the authors' ``topK_genrate``); vLLM ``propose_tree``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..types import Draft, DraftScheme, SamplingParams
+
+__all__ = ["DynamicTree", "ExpandFn", "grow_dynamic_tree", "grow_dynamic_tree_ref"]
+
+ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+def _identity(ids: torch.Tensor) -> torch.Tensor:
+    return ids
+
+
+def _check_args(root_logits: torch.Tensor, root_hidden: torch.Tensor, depth: int, top_k: int,
+                total_tokens: int) -> None:
+    if root_logits.dim() != 2:
+        raise ValueError(f"root_logits must have shape [B, V], got {tuple(root_logits.shape)}")
+    if root_hidden.dim() != 2 or root_hidden.shape[0] != root_logits.shape[0]:
+        raise ValueError(f"root_hidden must have shape [B={root_logits.shape[0]}, H], got "
+                         f"{tuple(root_hidden.shape)}")
+    if depth < 1 or top_k < 1 or total_tokens < 2:
+        raise ValueError(f"need depth >= 1, top_k >= 1 and total_tokens >= 2 (root + 1 draft), got depth={depth}, "
+                         f"top_k={top_k}, total_tokens={total_tokens}")
+
+
+def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
+                      top_k: int, total_tokens: int,
+                      draft_to_target: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Draft:
+    """Build one EAGLE-2 dynamic tree per row (batched, no host sync).
+
+    Args:
+        root_logits: the head's logits after the root (level-1 distribution). Shape: ``[B, V']``.
+        root_hidden: the head's output at the root, parent hidden of level 1. Shape: ``[B, H]``.
+        expand: runs a frontier through the head (see the module docstring).
+        depth: ``D``, deepest level (``D - 1`` calls of ``expand``).
+        top_k: children per expanded node and frontier width.
+        total_tokens: tree size verified by the target, root included (the authors' ``total_token``):
+            ``N = min(total_tokens - 1, top_k + (D - 1) top_k^2)`` draft nodes.
+        draft_to_target: maps draft-vocabulary ids to target ids (EAGLE-3 ``d2t``); identity if ``None``.
+
+    Returns:
+        A :class:`~specdec.types.Draft` with ``tokens [B, N]`` (target ids), ``parents``/``depths``
+        ``[B, N + 1]``, scheme ``DETERMINISTIC``.
+
+    Example:
+        >>> V, H = 5, 2
+        >>> expand = lambda tok, h, vis, lvl: (torch.zeros(*tok.shape, V), h)
+        >>> d = grow_dynamic_tree(torch.randn(1, V), torch.zeros(1, H), expand, depth=2, top_k=2, total_tokens=4)
+        >>> d.parents.shape
+        torch.Size([1, 4])
+
+    References:
+        EAGLE-2 arXiv 2406.16858, Sec. 4 (expansion and reranking).
+    """
+    _check_args(root_logits, root_hidden, depth, top_k, total_tokens)
+    to_target = draft_to_target or _identity
+    B, V = root_logits.shape
+    H = root_hidden.shape[-1]
+    k = min(top_k, V)
+    device = root_logits.device
+    eye = torch.eye(k, dtype=torch.bool, device=device)[None].expand(B, k, k)
+
+    logp = torch.log_softmax(root_logits.float(), dim=-1)
+    scores, ids = logp.topk(k, dim=-1)
+    tokens = to_target(ids)
+    all_scores, all_tokens = [scores], [tokens]
+    all_parents = [torch.full((B, k), -1, dtype=torch.long, device=device)]
+    level_of = [torch.ones(k, dtype=torch.long, device=device)]
+    frontier_scores, frontier_tokens = scores, tokens
+    frontier_ids = torch.arange(k, device=device)[None].expand(B, k)
+    parent_hidden = root_hidden[:, None].expand(B, k, H)
+    visible = eye
+    offset = k
+    for level in range(1, depth):
+        logits, hidden = expand(frontier_tokens, parent_hidden, visible, level)
+        # clamp: a rounding-positive log-prob would let a child outscore its parent
+        child_lp, child_ids = torch.log_softmax(logits.float(), dim=-1).clamp(max=0.0).topk(k, dim=-1)
+        cum = (frontier_scores[..., None] + child_lp).flatten(1)  # [B, k*k]; flat j = (parent j // k, rank j % k)
+        child_tokens = to_target(child_ids).flatten(1)
+        all_scores.append(cum)
+        all_tokens.append(child_tokens)
+        all_parents.append(frontier_ids.repeat_interleave(k, dim=1))
+        level_of.append(torch.full((k * k,), level + 1, dtype=torch.long, device=device))
+        if level + 1 < depth:
+            best = torch.sort(cum, dim=1, descending=True, stable=True).indices[:, :k]
+            slot = best // k
+            frontier_scores = cum.gather(1, best)
+            frontier_tokens = child_tokens.gather(1, best)
+            frontier_ids = offset + best
+            parent_hidden = hidden.gather(1, slot[..., None].expand(B, k, H))
+            inherited = visible.gather(1, slot[..., None].expand(B, k, visible.shape[-1]))
+            visible = torch.cat([inherited, eye], dim=-1)
+        offset += k * k
+
+    return _rerank(torch.cat(all_scores, 1), torch.cat(all_tokens, 1), torch.cat(all_parents, 1),
+                   torch.cat(level_of), total_tokens)
+
+
+def _rerank(scores: torch.Tensor, tokens: torch.Tensor, parent_ids: torch.Tensor, level_of: torch.Tensor,
+            total_tokens: int) -> Draft:
+    B, C = scores.shape
+    n = min(total_tokens - 1, C)
+    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
+    selected = best.sort(dim=1).values  # candidate order: levels ascending, parents before children
+    parent_cand = parent_ids.gather(1, selected)
+    parent_node = torch.searchsorted(selected, parent_cand.clamp(min=0)) + 1
+    parent_node = torch.where(parent_cand < 0, torch.zeros_like(parent_node), parent_node)
+    root = torch.full((B, 1), -1, dtype=torch.long, device=scores.device)
+    parents = torch.cat([root, parent_node], 1)
+    depths = torch.cat([torch.zeros_like(root), level_of[selected]], 1)
+    return Draft(tokens.gather(1, selected), parents, depths, None, DraftScheme.DETERMINISTIC)
+
+
+def grow_dynamic_tree_ref(root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
+                          top_k: int, total_tokens: int,
+                          draft_to_target: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Draft:
+    """Reference for :func:`grow_dynamic_tree` (same signature): per-row Python lists, the paper's steps literally.
+
+    Candidates are records ``(score, token, parent, level)``; frontiers and the rerank sort by
+    ``(-score, candidate index)``. Slow; for tests.
+
+    Args:
+        root_logits: Shape ``[B, V']``.
+        root_hidden: Shape ``[B, H]``.
+        expand: as in :func:`grow_dynamic_tree`.
+        depth, top_k, total_tokens, draft_to_target: as in :func:`grow_dynamic_tree`.
+
+    Returns:
+        The same :class:`~specdec.types.Draft` as :func:`grow_dynamic_tree` (barring exact score ties).
+
+    References:
+        EAGLE-2 arXiv 2406.16858.
+    """
+    _check_args(root_logits, root_hidden, depth, top_k, total_tokens)
+    to_target = draft_to_target or _identity
+    B, V = root_logits.shape
+    k = min(top_k, V)
+    cands: list[list[tuple[float, int, int, int]]] = [[] for _ in range(B)]
+    frontier: list[list[int]] = [[] for _ in range(B)]
+    hidden_of: list[dict[int, torch.Tensor]] = [{} for _ in range(B)]
+    slot_of: list[dict[int, int]] = [{} for _ in range(B)]
+    score_t: list[dict[int, torch.Tensor]] = [{} for _ in range(B)]
+    for b in range(B):
+        lp = torch.log_softmax(root_logits[b].float(), dim=-1)
+        s, ids = lp.topk(k)
+        toks = to_target(ids)
+        for j in range(k):
+            score_t[b][j] = s[j]
+            cands[b].append((float(s[j]), int(toks[j]), -1, 1))
+            frontier[b].append(j)
+    for level in range(1, depth):
+        S = level * k
+        tok = torch.zeros(B, k, dtype=torch.long, device=root_logits.device)
+        par_h = root_hidden.new_zeros(B, k, root_hidden.shape[-1])
+        vis = torch.zeros(B, k, S, dtype=torch.bool, device=root_logits.device)
+        for b in range(B):
+            for i, c in enumerate(frontier[b]):
+                slot_of[b][c] = (level - 1) * k + i
+                tok[b, i] = cands[b][c][1]
+                parent = cands[b][c][2]
+                par_h[b, i] = root_hidden[b] if parent < 0 else hidden_of[b][parent]
+                node = c
+                while node >= 0:
+                    vis[b, i, slot_of[b][node]] = True
+                    node = cands[b][node][2]
+        logits, hidden = expand(tok, par_h, vis, level)
+        for b in range(B):
+            children = []
+            for i, c in enumerate(frontier[b]):
+                hidden_of[b][c] = hidden[b, i]
+                lp = torch.log_softmax(logits[b, i].float(), dim=-1).clamp(max=0.0)
+                s, ids = lp.topk(k)
+                toks = to_target(ids)
+                for j in range(k):
+                    cid = len(cands[b])
+                    score_t[b][cid] = score_t[b][c] + s[j]
+                    cands[b].append((float(score_t[b][cid]), int(toks[j]), c, level + 1))
+                    children.append(cid)
+            frontier[b] = sorted(children, key=lambda cid: (-cands[b][cid][0], cid))[:k]
+    n = min(total_tokens - 1, len(cands[0]))
+    tokens = torch.zeros(B, n, dtype=torch.long)
+    parents = torch.full((B, n + 1), -1, dtype=torch.long)
+    depths = torch.zeros(B, n + 1, dtype=torch.long)
+    for b in range(B):
+        chosen = sorted(sorted(range(len(cands[b])), key=lambda c: (-cands[b][c][0], c))[:n])
+        node_of = {c: i + 1 for i, c in enumerate(chosen)}
+        for i, c in enumerate(chosen):
+            _, tok_c, parent, lvl = cands[b][c]
+            tokens[b, i] = tok_c
+            parents[b, i + 1] = 0 if parent < 0 else node_of[parent]
+            depths[b, i + 1] = lvl
+    dev = root_logits.device
+    return Draft(tokens.to(dev), parents.to(dev), depths.to(dev), None, DraftScheme.DETERMINISTIC)
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """The EAGLE-2 tree policy: per step, expand the most likely frontier and rerank to a node budget.
+
+    Attributes:
+        total_tokens: tree size verified by the target, root included (the authors' ``total_token``; the
+            EAGLE-2 paper uses 60 for 7B/8B targets, 50 for 13B, 48 for 70B).
+        depth: deepest draft level ``D`` (= the authors' ``depth + 1``: their loop runs ``depth`` expansions
+            after the root's distribution). A step's ``K`` bounds it further.
+        top_k: children per expanded node and frontier width.
+
+    References:
+        EAGLE-2 arXiv 2406.16858 (defaults 60 / 6 / 10 in the paper's setup).
+    """
+
+    total_tokens: int = 60
+    depth: int = 6
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        if self.total_tokens < 2 or self.depth < 1 or self.top_k < 1:
+            raise ValueError(f"DynamicTree needs total_tokens >= 2, depth >= 1, top_k >= 1, got {self}")
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest level this policy drafts."""
+        return self.depth
+
+    def scratch_slots(self, depth: int) -> int:
+        """Head KV slots the expansion writes for a tree of ``depth`` levels (frontiers of levels 1..D-1)."""
+        return max(depth - 1, 0) * self.top_k
+
+    def num_forwards(self, depth: int) -> int:
+        """Head forwards per step beyond the root's (one per expanded level)."""
+        return max(depth - 1, 0)
+
+    def grow(self, root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
+             draft_to_target=None, sampling: SamplingParams | None = None, generator=None,
+             vocab_size: int | None = None) -> Draft:
+        """Build the step's tree (see :func:`grow_dynamic_tree`); sampling parameters do not change it.
+
+        Args:
+            root_logits: Shape ``[B, V']``.
+            root_hidden: Shape ``[B, H]``.
+            expand: the head's frontier forward.
+            depth: levels for this step (``<= self.depth``).
+            draft_to_target: draft-to-target id map.
+            sampling, generator, vocab_size: unused (top-k drafts are deterministic; verified target-only).
+
+        Returns:
+            A ``DETERMINISTIC`` :class:`~specdec.types.Draft`.
+        """
+        return grow_dynamic_tree(root_logits, root_hidden, expand, depth=depth, top_k=self.top_k,
+                                 total_tokens=self.total_tokens, draft_to_target=draft_to_target)

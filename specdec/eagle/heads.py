@@ -1,0 +1,793 @@
+"""EAGLE draft heads: a feature-conditioned decoder layer that extrapolates the target's hidden states.
+
+Two heads share one skeleton (``fc`` -> Llama decoder layer(s) -> logits) and one calling convention:
+
+- :class:`Eagle1Head` (EAGLE-1 / EAGLE-2). Input at position ``t`` is ``fc(cat(embed(x_{t+1}), f_t))`` with
+  ``f_t`` the target's last hidden state *after* its final norm (the vector fed to ``lm_head``). Layer 0 has no
+  input norm, there is no final norm, and logits come from the target's own ``lm_head``.
+- :class:`Eagle3Head` (EAGLE-3). ``fc`` fuses three target layers (``3 H_t -> H``); layer 0 attends over
+  ``cat(input_layernorm(embed(x_{t+1})), hidden_norm(h_t))`` (q/k/v read ``2H``) with the residual taken from
+  the un-normed ``h_t``; an own ``norm`` and ``lm_head`` over a reduced draft vocabulary mapped back with
+  ``d2t`` (``target_id = i + d2t[i]``). Later draft steps feed the head's own pre-norm output back as ``h``.
+
+Calling convention (both heads)::
+
+    hidden = head.features_to_hidden(features)           # committed tokens: target features -> [B, T, H]
+    out    = head(input_ids, hidden, positions, ...)     # [B, T, H], pre-norm; input_ids = the *next* tokens
+    logits = head.logits(out)                             # [B, T, V_draft]
+    ids    = head.draft_to_target(logits.argmax(-1))      # draft-vocabulary ids -> target ids
+
+A tree node at depth ``d`` calls ``head(node_token, parent_out, root_position + d - 1)``: its ``hidden`` is its
+parent's output (EAGLE-3 skips ``fc`` there, exactly as the authors' code does).
+
+The target's embeddings (and, for EAGLE-1, its ``lm_head``) are held as *non-persistent buffers* that share
+the target's storage: frozen, not trained, never saved.
+
+References:
+    - Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", ICML 2024,
+      arXiv 2401.15077, https://arxiv.org/abs/2401.15077
+    - Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", EMNLP 2024,
+      arXiv 2406.16858, https://arxiv.org/abs/2406.16858
+    - Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test",
+      arXiv 2503.01840, https://arxiv.org/abs/2503.01840
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "EagleConfig",
+    "HeadCache",
+    "Eagle1Head",
+    "Eagle3Head",
+    "default_feature_layers",
+    "target_dims",
+    "check_draft_vocab",
+]
+
+# attend(q, k, v) -> o with q [B, nh, T, hd], k/v [B, nkv, T, hd] (RoPE applied), o [B, nh, T, hd]
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Configuration and target introspection
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Sizes of an EAGLE head (one small record, shared by both heads).
+
+    Attributes:
+        hidden_size: ``H``, the head's width.
+        intermediate_size: SwiGLU width of the MLP.
+        num_attention_heads, num_key_value_heads: attention heads (GQA when they differ).
+        vocab_size: the *target's* vocabulary size ``V``.
+        feature_layers: HF ``hidden_states`` indices of the target the head reads (``i`` = input of decoder
+            layer ``i``; ``num_hidden_layers`` = final output after the norm). EAGLE-1: one entry (the last);
+            EAGLE-3: three (low, mid, high).
+        head_dim: per-head width (default ``hidden_size // num_attention_heads``).
+        num_layers: decoder layers of the head (the published heads use 1).
+        rms_norm_eps, rope_theta: as in the target's Llama config.
+        rope_scaling_factor: linear RoPE scaling (positions are divided by it); 1.0 = plain RoPE.
+        fc_bias: EAGLE-1 only: ``fc`` has a bias (the authors' default; their config key ``bias``).
+        qkv_bias: q/k/v projections have biases (Qwen2-style drafts).
+        draft_vocab_size: EAGLE-3 only: size of the reduced draft vocabulary (default ``vocab_size``).
+        target_hidden_size: EAGLE-3 only: the target's width ``H_t`` if it differs from ``H``.
+        norm_before_residual: EAGLE-3 only: take the residual from ``hidden_norm(h)`` instead of ``h``
+            (speculators' flag; some SpecForge Qwen3 drafts).
+        initializer_range: std of the normal init of fresh weights.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    feature_layers: tuple[int, ...]
+    head_dim: int | None = None
+    num_layers: int = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling_factor: float = 1.0
+    fc_bias: bool = True
+    qkv_bias: bool = False
+    draft_vocab_size: int | None = None
+    target_hidden_size: int | None = None
+    norm_before_residual: bool = False
+    initializer_range: float = field(default=0.02, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                                 f"{self.num_attention_heads}: give head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must lie in [1, vocab_size "
+                             f"{self.vocab_size}]")
+
+    @property
+    def draft_vocab(self) -> int:
+        """Rows of the head's logits: ``draft_vocab_size`` or the target vocabulary."""
+        return self.draft_vocab_size or self.vocab_size
+
+    @property
+    def feature_size(self) -> int:
+        """Width of one target feature: ``target_hidden_size`` or ``hidden_size``."""
+        return self.target_hidden_size or self.hidden_size
+
+
+def _text_config(target) -> object:
+    config = target.config
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    theta = getattr(config, "rope_theta", None)
+    return float(theta) if theta is not None else 10000.0
+
+
+def target_dims(target) -> tuple[int, int, int]:
+    """The sizes of an HF causal LM an EAGLE head must match.
+
+    Args:
+        target: an HF causal LM (``config.hidden_size``, ``config.num_hidden_layers``, input embeddings).
+
+    Returns:
+        ``(hidden_size, num_hidden_layers, vocab_size)``; the vocabulary is the number of rows of the input
+        embedding matrix.
+
+    References:
+        HF ``PreTrainedModel.get_input_embeddings``.
+    """
+    config = _text_config(target)
+    vocab = target.get_input_embeddings().weight.shape[0]
+    return int(config.hidden_size), int(config.num_hidden_layers), int(vocab)
+
+
+def default_feature_layers(num_target_layers: int, kind: str) -> tuple[int, ...]:
+    """Target hidden-state layers an EAGLE head reads by default (HF ``hidden_states`` indices).
+
+    Args:
+        num_target_layers: ``N``, decoder layers of the target.
+        kind: ``"eagle1"`` (the final, normed output: ``(N,)``) or ``"eagle3"`` (low/mid/high:
+            ``(2, N // 2, N - 3)``, the EAGLE-3 / vLLM / speculators default; index ``i`` = input of layer ``i``).
+
+    Returns:
+        A tuple of layer indices.
+
+    References:
+        EAGLE-3 arXiv 2503.01840 (feature fusion); vLLM ``eagle_aux_hidden_state_layer_ids`` default.
+    """
+    if kind == "eagle1":
+        return (num_target_layers,)
+    if kind == "eagle3":
+        if num_target_layers < 4:
+            raise ValueError(f"the EAGLE-3 default layers (2, N//2, N-3) need a target with >= 4 layers, got "
+                             f"{num_target_layers}: pass feature_layers explicitly")
+        return (2, num_target_layers // 2, num_target_layers - 3)
+    raise ValueError(f"kind must be 'eagle1' or 'eagle3', got {kind!r}")
+
+
+def _config_from_target(target, feature_layers, **overrides) -> EagleConfig:
+    config = _text_config(target)
+    hidden, _, vocab = target_dims(target)
+    heads = int(config.num_attention_heads)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    sizes = dict(
+        hidden_size=hidden,
+        intermediate_size=int(getattr(config, "intermediate_size", 4 * hidden)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv),
+        head_dim=int(head_dim),
+        vocab_size=vocab,
+        feature_layers=tuple(feature_layers),
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(config),
+        initializer_range=float(getattr(config, "initializer_range", 0.02)),
+    )
+    sizes.update({k: v for k, v in overrides.items() if v is not None})
+    return EagleConfig(**sizes)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Building blocks (RMSNorm, RoPE, attention, MLP, decoder layer)
+# --------------------------------------------------------------------------------------------------------
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # Non-interleaved (rotate-half) RoPE, as HF Llama: angle_j = pos * theta^(-2j / head_dim).
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    angles = (positions.float() / factor)[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, hd]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: EagleConfig, in_features: int):
+        super().__init__()
+        nh, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = nh, nkv, hd
+        self.q_proj = nn.Linear(in_features, nh * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(in_features, nkv * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(in_features, nkv * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(nh * hd, config.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        B, _, T, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+
+
+class _MLP(nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _DecoderLayer(nn.Module):
+    """A Llama decoder layer in one of three input modes.
+
+    ``"plain"``: ``input_layernorm(h)`` -> attention (layers >= 1); ``"no_input_norm"``: ``h`` -> attention
+    (EAGLE-1 layer 0); ``"fused"``: ``cat(input_layernorm(e), hidden_norm(h))`` -> attention over ``2H``
+    (EAGLE-3 layer 0).
+    """
+
+    def __init__(self, config: EagleConfig, mode: str):
+        super().__init__()
+        H, eps = config.hidden_size, config.rms_norm_eps
+        self.mode = mode
+        self.norm_before_residual = config.norm_before_residual
+        if mode in ("plain", "fused"):
+            self.input_layernorm = _RMSNorm(H, eps)
+        if mode == "fused":
+            self.hidden_norm = _RMSNorm(H, eps)
+        self.self_attn = _Attention(config, 2 * H if mode == "fused" else H)
+        self.post_attention_layernorm = _RMSNorm(H, eps)
+        self.mlp = _MLP(config)
+
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attend: AttendFn) -> torch.Tensor:
+        if self.mode == "fused":
+            normed = self.hidden_norm(hidden)
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+            residual = normed if self.norm_before_residual else hidden
+        elif self.mode == "plain":
+            x, residual = self.input_layernorm(hidden), hidden
+        else:
+            x, residual = hidden, hidden
+        q, k, v = self.self_attn.project(x, cos, sin)
+        hidden = residual + self.self_attn.output(attend(q, k, v))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+# --------------------------------------------------------------------------------------------------------
+# KV cache of a head
+# --------------------------------------------------------------------------------------------------------
+
+
+class HeadCache(NamedTuple):
+    """Preallocated KV cache of a head's decoder layers (written in place).
+
+    Slot ``s`` of a row holds the entry at position ``s``; which slots are real is the caller's business
+    (a drafter keeps per-row lengths and builds the mask). Tree scratch slots live past the committed ones.
+
+    Attributes:
+        keys: Shape ``[num_layers, B, num_kv_heads, C, head_dim]`` (RoPE applied).
+        values: Shape ``[num_layers, B, num_kv_heads, C, head_dim]``.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        """``C``: slots per row."""
+        return self.keys.shape[3]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Heads
+# --------------------------------------------------------------------------------------------------------
+
+
+class _EagleHead(nn.Module):
+    """Shared skeleton: frozen target embeddings, decoder layers, RoPE, cached / masked attention."""
+
+    kind = ""
+
+    def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, first_mode: str):
+        super().__init__()
+        if embed_weight.dim() != 2 or embed_weight.shape[0] != config.vocab_size:
+            raise ValueError(f"embed_weight must have shape [vocab_size={config.vocab_size}, H], got "
+                             f"{tuple(embed_weight.shape)}")
+        self.config = config
+        self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
+        self.layers = nn.ModuleList(
+            [_DecoderLayer(config, first_mode if i == 0 else "plain") for i in range(config.num_layers)])
+
+    def _init_weights(self, seed: int = 0) -> None:
+        std = self.config.initializer_range
+        generator = torch.Generator().manual_seed(seed)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                with torch.no_grad():
+                    w = torch.randn(module.weight.shape, generator=generator) * std
+                    module.weight.copy_(w)
+                    if module.bias is not None:
+                        module.bias.zero_()
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """HF ``hidden_states`` indices of the target this head reads."""
+        return self.config.feature_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the head's own weights."""
+        return self.layers[0].post_attention_layernorm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the head's weights."""
+        return self.layers[0].post_attention_layernorm.weight.device
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Target embeddings of token ids (frozen).
+
+        Args:
+            input_ids: Shape ``[B, T]`` int64, target-vocabulary ids.
+
+        Returns:
+            Shape ``[B, T, H]``.
+        """
+        return F.embedding(input_ids, self.embed_weight)
+
+    def new_cache(self, batch_size: int, capacity: int, device=None, dtype=None) -> HeadCache:
+        """Allocate a zeroed :class:`HeadCache`.
+
+        Args:
+            batch_size: ``B``.
+            capacity: ``C``, slots per row.
+            device, dtype: default: the head's.
+
+        Returns:
+            A :class:`HeadCache`.
+        """
+        c = self.config
+        shape = (c.num_layers, batch_size, c.num_key_value_heads, capacity, c.head_dim)
+        device = self.device if device is None else device
+        dtype = self.dtype if dtype is None else dtype
+        return HeadCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device,
+                                                                                      dtype=dtype))
+
+    def _inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor):
+        raise NotImplementedError
+
+    def run_layers(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                   attend_for_layer: Callable[[int], AttendFn]) -> torch.Tensor:
+        """Run the head with a caller-supplied attention per layer (used by training-time test).
+
+        Args:
+            input_ids: Shape ``[B, T]`` int64 (target ids of the *next* tokens).
+            hidden: Shape ``[B, T, H]``, the conditioning hidden states.
+            positions: Shape ``[B, T]`` int64, RoPE positions.
+            attend_for_layer: ``i -> attend(q, k, v)`` for decoder layer ``i``.
+
+        Returns:
+            Shape ``[B, T, H]``, the pre-norm output hidden states.
+        """
+        x, embeds = self._inputs(input_ids, hidden)
+        cos, sin = _rope_tables(positions, self.config.head_dim, self.config.rope_theta,
+                                self.config.rope_scaling_factor, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, embeds, cos, sin, attend_for_layer(i))
+        return x
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, cache: HeadCache | None = None,
+                cache_slots: torch.Tensor | None = None, kv_length: int | None = None) -> torch.Tensor:
+        """Run the head on ``T`` entries: causal, under a custom 4D mask, or over a KV cache.
+
+        Entry ``t`` pairs ``hidden[:, t]`` (the target feature at position ``p``, or a parent's head output)
+        with ``input_ids[:, t]`` (the token at ``p + 1``); its output approximates the target feature at
+        ``p + 1``.
+
+        Args:
+            input_ids: Shape ``[B, T]`` int64, target-vocabulary ids.
+            hidden: Shape ``[B, T, H]`` (use :meth:`features_to_hidden` for target features).
+            positions: Shape ``[B, T]`` int64, RoPE positions (position of the *feature*, ``p``).
+            attention_mask: Shape ``[B, 1, T, S]`` bool, True = may attend. Without a cache ``S = T``; with a
+                cache ``S = kv_length`` (slots ``0..kv_length-1`` after this call's writes). ``None`` without a
+                cache means causal.
+            cache: a :class:`HeadCache`; this call's keys/values are written at ``cache_slots`` first.
+            cache_slots: Shape ``[B, T]`` int64, the slot of each entry (required with ``cache``).
+            kv_length: attend over slots ``[0, kv_length)`` (default: the whole cache).
+
+        Returns:
+            Shape ``[B, T, H]``: pre-norm output hidden states.
+        """
+        if cache is None:
+            return self.run_layers(input_ids, hidden, positions, lambda i: lambda q, k, v: _sdpa(q, k, v,
+                                                                                               attention_mask))
+        if cache_slots is None or attention_mask is None:
+            raise ValueError("with a cache, pass cache_slots [B, T] (where to write) and attention_mask "
+                             "[B, 1, T, kv_length] (which slots each entry sees)")
+        kv_length = cache.capacity if kv_length is None else kv_length
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None]
+
+        def attend_for_layer(i: int) -> AttendFn:
+            keys, values = cache.keys[i], cache.values[i]
+
+            def attend(q, k, v):
+                keys[rows, :, cache_slots] = k.transpose(1, 2).to(keys.dtype)
+                values[rows, :, cache_slots] = v.transpose(1, 2).to(values.dtype)
+                return _sdpa(q, keys[:, :, :kv_length].to(q.dtype), values[:, :, :kv_length].to(q.dtype),
+                             attention_mask)
+
+            return attend
+
+        return self.run_layers(input_ids, hidden, positions, attend_for_layer)
+
+    def features_to_hidden(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Turn the target's features at committed tokens into the head's conditioning ``hidden``.
+
+        Args:
+            features: one tensor per entry of :attr:`feature_layers`, in that order.
+                Shape: each ``[B, T, H_t]``.
+
+        Returns:
+            Shape ``[B, T, H]``.
+        """
+        raise NotImplementedError
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits from the head's output.
+
+        Args:
+            hidden: Shape ``[..., H]``, pre-norm head output.
+
+        Returns:
+            Shape ``[..., V_draft]`` (``V_draft = V`` for EAGLE-1).
+        """
+        raise NotImplementedError
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids (identity without a reduced vocabulary).
+
+        Args:
+            draft_ids: Shape any, int64 ids in ``[0, V_draft)``.
+
+        Returns:
+            Target ids, same shape.
+        """
+        return draft_ids
+
+    def _check_features(self, features: Sequence[torch.Tensor]) -> None:
+        if len(features) != len(self.feature_layers):
+            raise ValueError(f"this {self.kind} head reads {len(self.feature_layers)} target layers "
+                             f"{self.feature_layers}, got {len(features)} feature tensors: request exactly "
+                             f"its feature_layers from the target")
+        for i, f in zip(self.feature_layers, features):
+            if f.shape[-1] != self.config.feature_size:
+                raise ValueError(f"feature of target layer {i} has size {f.shape[-1]} but the head was made for "
+                                 f"a target hidden size of {self.config.feature_size}")
+
+
+class Eagle1Head(_EagleHead):
+    """The EAGLE-1 head (also EAGLE-2's): ``fc(cat(embed, feature))`` -> Llama layer(s), target ``lm_head``.
+
+    .. math::
+        \\hat f_{t+1} = \\mathrm{Layers}(W_{fc} [e(x_{t+1}); f_t] + b_{fc}), \\qquad
+        q(x_{t+2}) = \\mathrm{softmax}(\\mathrm{lm\\_head}(\\hat f_{t+1}))
+
+    Args:
+        config: an :class:`EagleConfig` (``feature_layers`` = the target's final normed output).
+        embed_weight: the target's input embeddings (frozen, shared, not saved).
+            Shape: ``[V, H]``.
+        lm_head_weight: the target's output projection (frozen, shared, not saved).
+            Shape: ``[V, H]``.
+        lm_head_bias: optional output bias. Shape: ``[V]``.
+
+    Example:
+        >>> head = Eagle1Head.from_target(model)                       # doctest: +SKIP
+        >>> out = head(next_ids, head.features_to_hidden(feats), pos)  # doctest: +SKIP
+
+    References:
+        EAGLE arXiv 2401.15077 (Sec. 4, "draft model"); authors' ``cnets1.py`` (``fc`` bias default True,
+        no ``input_layernorm`` in layer 0).
+    """
+
+    kind = "EAGLE-1"
+
+    def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
+                 lm_head_bias: torch.Tensor | None = None):
+        super().__init__(config, embed_weight, "no_input_norm")
+        if len(config.feature_layers) != 1:
+            raise ValueError(f"an EAGLE-1 head reads one target layer, got feature_layers {config.feature_layers}")
+        if config.feature_size != config.hidden_size:
+            raise ValueError(f"an EAGLE-1 head's width ({config.hidden_size}) must equal the target's hidden size "
+                             f"({config.feature_size})")
+        if lm_head_weight.shape != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"lm_head_weight must have shape [{config.vocab_size}, {config.hidden_size}], got "
+                             f"{tuple(lm_head_weight.shape)}")
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
+        self.register_buffer("lm_head_bias", None if lm_head_bias is None else lm_head_bias.detach(),
+                             persistent=False)
+        self._init_weights()
+
+    @classmethod
+    def from_target(cls, target, *, num_layers: int = 1, fc_bias: bool = True,
+                    intermediate_size: int | None = None) -> "Eagle1Head":
+        """A fresh (randomly initialised) EAGLE-1 head shaped like one decoder layer of ``target``.
+
+        Args:
+            target: an HF causal LM; its embeddings and ``lm_head`` are shared, frozen.
+            num_layers: decoder layers of the head.
+            fc_bias: give ``fc`` a bias (the authors' default).
+            intermediate_size: MLP width (default: the target's).
+
+        Returns:
+            An :class:`Eagle1Head` on the target's device and dtype.
+
+        References:
+            EAGLE arXiv 2401.15077.
+        """
+        _, n_layers, _ = target_dims(target)
+        config = _config_from_target(target, default_feature_layers(n_layers, "eagle1"), num_layers=num_layers,
+                                     fc_bias=fc_bias, intermediate_size=intermediate_size)
+        out = target.get_output_embeddings()
+        bias = getattr(out, "bias", None)
+        head = cls(config, target.get_input_embeddings().weight, out.weight, bias)
+        return head.to(device=out.weight.device, dtype=out.weight.dtype)
+
+    def _inputs(self, input_ids, hidden):
+        e = self.embed(input_ids).to(hidden.dtype)
+        return self.fc(torch.cat([e, hidden], dim=-1)), None
+
+    def features_to_hidden(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The single target feature (final normed hidden state), cast to the head's dtype.
+
+        Args:
+            features: ``(f,)`` with ``f`` the target's last hidden state after its final norm.
+                Shape: ``[B, T, H]``.
+
+        Returns:
+            Shape ``[B, T, H]``.
+        """
+        self._check_features(features)
+        return features[0].to(self.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target ``lm_head`` applied to the head's output (no final norm, as the authors).
+
+        Args:
+            hidden: Shape ``[..., H]``.
+
+        Returns:
+            Shape ``[..., V]``.
+        """
+        w = self.lm_head_weight.to(hidden.dtype)
+        b = None if self.lm_head_bias is None else self.lm_head_bias.to(hidden.dtype)
+        return F.linear(hidden, w, b)
+
+
+class Eagle3Head(_EagleHead):
+    """The EAGLE-3 head: fused low/mid/high target features, 2H-input midlayer, own norm + reduced ``lm_head``.
+
+    .. math::
+        g_t = W_{fc} [l_t; m_t; h_t], \\qquad
+        a_t = \\mathrm{Attn}([\\mathrm{LN}_e(e(x_{t+1})); \\mathrm{LN}_h(g_t)]), \\quad g'_t = g_t + a_t,
+        \\qquad o_t = g'_t + \\mathrm{MLP}(\\mathrm{LN}(g'_t)),
+        \\qquad q = \\mathrm{softmax}(W_{lm} \\mathrm{norm}(o_t)) \\text{ over the draft vocabulary}
+
+    Draft id ``i`` is target id ``i + d2t[i]``; ``t2d[v]`` says whether target id ``v`` is in the draft
+    vocabulary. Later tree steps feed ``o_t`` (pre-norm) back as ``g`` and skip ``fc``.
+
+    Args:
+        config: an :class:`EagleConfig` with three (or more) ``feature_layers``.
+        embed_weight: token embeddings, frozen, not saved (the target's unless the head has its own width).
+            Shape: ``[V, H]``.
+        d2t: draft-to-target offsets (default: identity). Shape: ``[V_draft]`` int64.
+        t2d: target-in-draft-vocabulary mask (default: all True). Shape: ``[V]`` bool.
+
+    References:
+        EAGLE-3 arXiv 2503.01840; authors' ``cnets.py`` (``midlayer``, ``hidden_norm``, ``d2t`` offsets);
+        vLLM / speculators ``norm_before_residual``.
+    """
+
+    kind = "EAGLE-3"
+
+    def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, d2t: torch.Tensor | None = None,
+                 t2d: torch.Tensor | None = None):
+        if embed_weight.shape[-1] != config.hidden_size:
+            raise ValueError(f"embed_weight has width {embed_weight.shape[-1]} but the head's hidden size is "
+                             f"{config.hidden_size}")
+        super().__init__(config, embed_weight, "fused")
+        H, Vd = config.hidden_size, config.draft_vocab
+        self.fc = nn.Linear(len(config.feature_layers) * config.feature_size, H, bias=False)
+        self.norm = _RMSNorm(H, config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, Vd, bias=False)
+        if d2t is None:
+            d2t = torch.zeros(Vd, dtype=torch.long)
+        if t2d is None:
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[torch.arange(Vd) + d2t.cpu()] = True
+        check_draft_vocab(d2t, t2d, config.vocab_size)
+        if d2t.shape[0] != Vd:
+            raise ValueError(f"d2t has {d2t.shape[0]} entries but draft_vocab_size is {Vd}")
+        self.register_buffer("d2t", d2t.detach().to(torch.long).clone())
+        self.register_buffer("t2d", t2d.detach().to(torch.bool).clone())
+        self._init_weights()
+
+    @classmethod
+    def from_target(cls, target, *, draft_vocab: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    feature_layers: Sequence[int] | None = None, num_layers: int = 1,
+                    intermediate_size: int | None = None, norm_before_residual: bool = False) -> "Eagle3Head":
+        """A fresh (randomly initialised) EAGLE-3 head for ``target``.
+
+        Args:
+            target: an HF causal LM; its embeddings are shared, frozen.
+            draft_vocab: ``(d2t, t2d)`` from :func:`specdec.training.build_draft_vocab`; ``None`` keeps the
+                full target vocabulary.
+            feature_layers: HF ``hidden_states`` indices to fuse (default ``(2, N // 2, N - 3)``).
+            num_layers: decoder layers (layer 0 is the 2H-input midlayer).
+            intermediate_size: MLP width (default: the target's).
+            norm_before_residual: see :class:`EagleConfig`.
+
+        Returns:
+            An :class:`Eagle3Head` on the target's device and dtype.
+
+        References:
+            EAGLE-3 arXiv 2503.01840.
+        """
+        _, n_layers, vocab = target_dims(target)
+        layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers(n_layers, "eagle3")
+        for i in layers:
+            if not 0 <= i <= n_layers:
+                raise ValueError(f"feature layer {i} is out of range for a target with {n_layers} layers "
+                                 f"(HF hidden_states indices 0..{n_layers})")
+        d2t, t2d = draft_vocab if draft_vocab is not None else (None, None)
+        config = _config_from_target(target, layers, num_layers=num_layers, intermediate_size=intermediate_size,
+                                     norm_before_residual=norm_before_residual,
+                                     draft_vocab_size=None if d2t is None else int(d2t.shape[0]))
+        emb = target.get_input_embeddings().weight
+        head = cls(config, emb, d2t, t2d)
+        return head.to(device=emb.device, dtype=emb.dtype)
+
+    def _inputs(self, input_ids, hidden):
+        return hidden, self.embed(input_ids).to(hidden.dtype)
+
+    def features_to_hidden(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Fuse the target's low/mid/high features with ``fc`` (``3 H_t -> H``).
+
+        Args:
+            features: one tensor per :attr:`feature_layers`, in order. Shape: each ``[B, T, H_t]``.
+
+        Returns:
+            Shape ``[B, T, H]``.
+        """
+        self._check_features(features)
+        return self.fc(torch.cat([f.to(self.fc.weight.dtype) for f in features], dim=-1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``lm_head(norm(hidden))`` over the draft vocabulary.
+
+        Args:
+            hidden: Shape ``[..., H]``, pre-norm head output.
+
+        Returns:
+            Shape ``[..., V_draft]``.
+        """
+        return self.lm_head(self.norm(hidden))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """``target_id = i + d2t[i]``.
+
+        Args:
+            draft_ids: Shape any, int64 in ``[0, V_draft)``.
+
+        Returns:
+            Target ids, same shape.
+        """
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_to_draft_logits(self, target_logits: torch.Tensor) -> torch.Tensor:
+        """Restrict target logits to the draft vocabulary (column ``i`` = target id ``i + d2t[i]``).
+
+        Args:
+            target_logits: Shape ``[..., V]``.
+
+        Returns:
+            Shape ``[..., V_draft]``.
+        """
+        ids = torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+        return target_logits.index_select(-1, ids)
+
+
+def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int | None = None) -> None:
+    """Check that ``d2t`` (offsets) and ``t2d`` (mask) describe the same draft vocabulary.
+
+    Args:
+        d2t: Shape ``[V_draft]`` int64, ``target_id = i + d2t[i]``, strictly increasing target ids.
+        t2d: Shape ``[V]`` bool, True exactly at the draft vocabulary's target ids.
+        vocab_size: expected ``V`` (the target's), if known.
+
+    Raises:
+        ValueError: naming the inconsistency.
+
+    References:
+        EAGLE-3 ``scandata`` (``d2t[i] = used[i] - i``); vLLM ``draft_id_to_target_id``.
+    """
+    if d2t.dim() != 1 or t2d.dim() != 1:
+        raise ValueError(f"d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)} and {tuple(t2d.shape)}")
+    if vocab_size is not None and t2d.shape[0] != vocab_size:
+        raise ValueError(f"t2d covers a vocabulary of {t2d.shape[0]} tokens but the target has {vocab_size}: the "
+                         f"head was made for another tokenizer")
+    ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t.to(torch.long)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= t2d.shape[0]):
+        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {t2d.shape[0]}): the head was made "
+                         f"for another vocabulary")
+    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError("d2t must map draft ids to strictly increasing target ids (sorted, no duplicates)")
+    if int(t2d.sum()) != d2t.shape[0] or not bool(t2d.to(ids.device)[ids].all()):
+        raise ValueError(f"t2d marks {int(t2d.sum())} target ids but d2t maps {d2t.shape[0]} different ones: "
+                         f"rebuild both with build_draft_vocab")

@@ -1,0 +1,206 @@
+"""generate(): greedy identity with plain decoding, exact sampling law, batching, stopping, bad input."""
+import copy
+
+import pytest
+import torch
+import transformers
+
+import specdec
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.generate import generate
+from tiny_models import tiny_model
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt_neox", "phi3"]
+TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
+
+
+def _noisy_copy(model, noise: float, seed: int = 0):
+    """A draft that agrees with the target often but not always."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp(min=1e-3))
+    return draft
+
+
+def _prompts(batch: int, seed: int = 0):
+    """Left-padded prompts with a repeated motif (so n-gram lookup finds matches)."""
+    g = torch.Generator().manual_seed(seed)
+    T = 12
+    ids = torch.zeros(batch, T, dtype=torch.long)
+    mask = torch.zeros(batch, T, dtype=torch.long)
+    for b in range(batch):
+        n = T - (b % 3) * 2
+        motif = torch.randint(1, 97, (4,), generator=g)
+        ids[b, T - n:] = torch.cat([motif, motif, motif])[:n]
+        mask[b, T - n:] = 1
+    return ids, mask
+
+
+def _drafters(model):
+    return {
+        "draft_model_chain": DraftModelDrafter(_noisy_copy(model, 0.3), num_drafts=4),
+        "draft_model_tree": DraftModelDrafter(_noisy_copy(model, 0.3), num_drafts=4, tree=TREE),
+        "self_draft_chain": DraftModelDrafter(copy.deepcopy(model), num_drafts=3),
+        "prompt_lookup": PromptLookupDrafter(max_ngram_size=3, num_drafts=5),
+    }
+
+
+def _hf_greedy(model, ids, mask, n):
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculative_output_is_token_identical_to_plain_greedy(arch, batch):
+    model = tiny_model(arch, scale=1.0)
+    ids, mask = _prompts(batch, seed=batch)
+    n = 24
+    ref = _hf_greedy(model, ids, mask, n)
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=n)
+    assert torch.equal(plain.sequences[:, ids.shape[1]:], ref), "plain loop differs from HF greedy"
+    for name, drafter in _drafters(model).items():
+        out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=n)
+        assert torch.equal(out.sequences[:, ids.shape[1]:], ref), f"{name} differs from plain greedy"
+        assert out.stats.num_new_tokens == batch * n
+        if name == "self_draft_chain":  # a draft equal to the target is always accepted
+            assert out.stats.tau > 3.0
+
+
+def test_rows_accept_different_lengths_and_finish_at_different_times():
+    model = tiny_model("llama")
+    ids, mask = _prompts(4, seed=7)
+    eos = int(_hf_greedy(model, ids[:1], mask[:1], 30)[0, 5])  # row 0 meets EOS at its 6th token
+    drafter = DraftModelDrafter(_noisy_copy(model, 0.3), num_drafts=4, tree=TREE)
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=30, eos_token_id=eos)
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=eos)
+    assert torch.equal(out.sequences, plain.sequences)
+    lens = out.num_new_tokens.tolist()
+    assert lens[0] == 6 and out.sequences[0, ids.shape[1] + 5] == eos
+    for b in range(4):
+        row = out.sequences[b, ids.shape[1]:ids.shape[1] + lens[b]].tolist()
+        assert eos not in row[:-1]
+        assert lens[b] == 30 or row[-1] == eos
+    steps = out.stats.num_accepted_per_step
+    assert any(len(set(s)) > 1 for s in steps), "rows should accept different numbers of drafts"
+
+
+def test_eos_inside_an_accepted_path_stops_the_row_exactly_there():
+    model = tiny_model("qwen3")
+    ids, mask = _prompts(1)
+    ref = _hf_greedy(model, ids, mask, 20)[0].tolist()
+    eos = ref[7]
+    cut = ref.index(eos) + 1
+    drafter = DraftModelDrafter(copy.deepcopy(model), num_drafts=5)  # accepts everything: EOS lands mid-path
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=20, eos_token_id=eos)
+    assert out.sequences[0, ids.shape[1]:].tolist() == ref[:cut]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13])
+def test_max_new_tokens_is_never_exceeded(n):
+    model = tiny_model("llama")
+    ids, mask = _prompts(3)
+    drafter = DraftModelDrafter(copy.deepcopy(model), num_drafts=5)
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=n)
+    assert out.num_new_tokens.tolist() == [n] * 3
+    assert out.sequences.shape[1] == ids.shape[1] + n
+
+
+def test_stop_strings_end_the_row_after_the_completing_token():
+    model = tiny_model("llama")
+    ids, mask = _prompts(1)
+    ref = _hf_greedy(model, ids, mask, 16)[0].tolist()
+
+    class Tok:  # a toy tokenizer: token t decodes to "<t>"
+        def decode(self, tokens, skip_special_tokens=False):
+            return "".join(f"<{t}>" for t in tokens)
+
+    stop = f"<{ref[4]}><{ref[5]}>"
+    out = generate(model, ids, attention_mask=mask, drafter=PromptLookupDrafter(), max_new_tokens=16,
+                   stop_strings=stop, tokenizer=Tok())
+    got = out.sequences[0, ids.shape[1]:].tolist()
+    assert got[: out.num_new_tokens[0]] == ref[: ref.index(ref[5], 5) + 1] or stop in Tok().decode(got)
+    assert stop in Tok().decode(got[: out.num_new_tokens[0]])
+    assert stop not in Tok().decode(got[: out.num_new_tokens[0] - 1])
+
+
+def test_stats_count_target_forwards_and_tau():
+    model = tiny_model("llama")
+    ids, mask = _prompts(1)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=10)
+    assert out.stats.num_target_forwards == 10  # prefill gives the first token, then one token per forward
+    assert out.stats.tau == 1.0
+    spec = generate(model, ids, attention_mask=mask, drafter=DraftModelDrafter(copy.deepcopy(model), 4),
+                    max_new_tokens=21)
+    assert spec.stats.num_steps == 4 and spec.stats.tau == 5.0
+    assert spec.stats.acceptance_per_depth == (1.0, 1.0, 1.0, 1.0)
+    assert spec.stats.num_draft_forwards > 0
+
+
+def test_dynamic_schedule_turns_drafting_off_for_large_batches():
+    model = tiny_model("llama")
+    ids, mask = _prompts(4)
+    drafter = DraftModelDrafter(copy.deepcopy(model), num_drafts=3)
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=9,
+                   schedule=[[1, 2, 3], [3, 8, 0]])
+    # four active rows: K = 0, one token per step, identical output
+    assert out.stats.tau == 1.0
+    assert torch.equal(out.sequences, generate(model, ids, attention_mask=mask, max_new_tokens=9).sequences)
+    small = generate(model, ids[:2], attention_mask=mask[:2], drafter=drafter, max_new_tokens=9,
+                     schedule=[[1, 2, 3], [3, 8, 0]])
+    assert small.stats.tau > 3.0
+
+
+# ---------------------------------------------------------------- bad input
+def test_draft_target_vocabulary_mismatch_is_refused():
+    model = tiny_model("llama")
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2)
+    other = transformers.LlamaForCausalLM(cfg).eval()
+    with pytest.raises(ValueError, match="vocabulary"):
+        generate(model, torch.ones(1, 4, dtype=torch.long), drafter=DraftModelDrafter(other), max_new_tokens=4)
+
+
+def test_prompt_longer_than_the_model_positions_is_refused():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        generate(model, torch.ones(1, 500, dtype=torch.long), max_new_tokens=20)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5])
+def test_max_new_tokens_below_one_is_refused(bad):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(tiny_model("llama"), torch.ones(1, 4, dtype=torch.long), max_new_tokens=bad)
+
+
+@pytest.mark.parametrize("schedule", [[[2, 4, 1]], [[1, 4, 1], [3, 8, 1]], [[1, 4, 9]], [[1, 4]]])
+def test_schedule_errors_are_refused_before_any_work(schedule):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError):
+        generate(model, torch.ones(1, 4, dtype=torch.long), drafter=DraftModelDrafter(copy.deepcopy(model), 3),
+                 schedule=schedule, max_new_tokens=4)
+
+
+def test_drafter_k_over_its_maximum_is_refused():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="3"):
+        generate(model, torch.ones(1, 4, dtype=torch.long), drafter=DraftModelDrafter(copy.deepcopy(model), 3),
+                 num_drafts=5, max_new_tokens=4)
+
+
+def test_sampling_without_a_generator_is_refused():
+    with pytest.raises(ValueError, match="generator"):
+        generate(tiny_model("llama"), torch.ones(1, 4, dtype=torch.long), temperature=1.0, max_new_tokens=2)
+
+
+def test_seeded_sampling_is_reproducible():
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    runs = [generate(model, ids, attention_mask=mask, drafter=DraftModelDrafter(_noisy_copy(model, 0.3), 3),
+                     temperature=1.0, max_new_tokens=12, generator=torch.Generator().manual_seed(5)).sequences
+            for _ in range(3)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
