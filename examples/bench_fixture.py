@@ -61,6 +61,7 @@ def main(argv=None):
     ap.add_argument("--eagle", action="append", default=[], help="NAME=PATH of a trained EAGLE head")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--max-seconds", type=float, default=None, help="time budget of the timed loop")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
@@ -89,7 +90,9 @@ def main(argv=None):
         from specdec.eagle import load_eagle_drafter  # noqa: WPS433
 
         methods[name] = bench.specdec_method(target, lambda path=path: load_eagle_drafter(path, target), n)
-    results = bench.run_benchmark(methods, prompts, baseline=next(iter(methods)))
+    with open(os.path.join(args.out, "log.txt"), "w") as log:
+        results = bench.run_benchmark(methods, prompts, baseline=next(iter(methods)), max_seconds=args.max_seconds,
+                                      log=log)
 
     # Per-step overhead of the loops: step time minus one plain HF forward of 1 token.
     fwd = _forward_ms(target, prompts[0])
@@ -103,7 +106,8 @@ def main(argv=None):
     overhead = {"hf_forward_ms_1_token": fwd, "specdec": prof}
     if hf_vanilla is not None:
         overhead["hf_generate_ms_per_token"] = 1e3 / hf_vanilla.tokens_per_second
-    title = (f"{os.path.basename(args.target.rstrip('/'))}, {args.dtype}, greedy, batch 1, {len(prompts)} prompts, "
+    measured = results[0].extra["prompts"]
+    title = (f"{os.path.basename(args.target.rstrip('/'))}, {args.dtype}, greedy, batch 1, {measured} prompts, "
              f"last {args.prompt_tokens} prompt tokens, {n} new tokens, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     md = bench.to_markdown(results, title)
     md += "\n\nPer-step overhead:\n```\n" + json.dumps(overhead, indent=1) + "\n```\n"

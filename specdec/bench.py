@@ -100,7 +100,7 @@ def specdec_method(model, make_drafter: Callable | None, max_new_tokens: int, **
 
 def run_benchmark(methods: dict[str, Callable[[torch.Tensor], RunOutput]], prompts: Sequence[torch.Tensor], *,
                   warmup: int = 2, baseline: str | None = None, reference: str | None = None,
-                  progress: bool = True) -> list[MethodResult]:
+                  progress: bool = True, max_seconds: float | None = None, log=None) -> list[MethodResult]:
     """Time every method on every prompt (methods interleaved per prompt, so drifts hit all alike).
 
     Args:
@@ -109,6 +109,9 @@ def run_benchmark(methods: dict[str, Callable[[torch.Tensor], RunOutput]], promp
         warmup: prompts run untimed first by every method.
         baseline: the method speedups are relative to (default: the first).
         reference: the method whose outputs define the greedy match rate (default: ``baseline``).
+        max_seconds: stop after the prompt at which the measured time passes this budget (the results say
+            how many prompts were measured, in ``extra["prompts"]``).
+        log: a writable file that gets one line per prompt and method (flushed), for long runs.
 
     Returns:
         One :class:`MethodResult` per method, in the order given.
@@ -123,19 +126,26 @@ def run_benchmark(methods: dict[str, Callable[[torch.Tensor], RunOutput]], promp
             methods[name](ids)
     outputs = {n: [] for n in names}
     seconds = {n: 0.0 for n in names}
-    for ids in tqdm(prompts, desc="benchmark", disable=not progress):
+    start = time.perf_counter()
+    for i, ids in enumerate(tqdm(prompts, desc="benchmark", disable=not progress)):
         for name in names:
             _sync()
             t0 = time.perf_counter()
             out = methods[name](ids)
             _sync()
-            seconds[name] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            seconds[name] += dt
             outputs[name].append(out)
+            if log is not None:
+                log.write(f"prompt {i} {name}: {len(out.new_tokens)} tokens in {dt:.3f} s\n")
+                log.flush()
+        if max_seconds is not None and time.perf_counter() - start > max_seconds:
+            break
     results = []
     for name in names:
         outs = outputs[name]
         new = sum(len(o.new_tokens) for o in outs)
-        res = MethodResult(name, new, seconds[name], new / seconds[name])
+        res = MethodResult(name, new, seconds[name], new / seconds[name], extra={"prompts": len(outs)})
         steps = [o.steps for o in outs]
         if all(s is not None for s in steps) and sum(steps):
             res.tau = sum(o.step_tokens for o in outs) / sum(steps)

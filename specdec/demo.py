@@ -8,9 +8,15 @@ trained on the code they complete.
 
 The tokenizer is a 2048-token byte-level BPE trained on the training files with the ``tokenizers`` library
 (about 3.2 bytes of Python per token, so a training step sees about three times more code than with a plain
-byte tokenizer at nearly the same cost). The target (4 layers, hidden 256) and the draft (1 layer, hidden
-128) are trained from scratch with AdamW on random 256-token windows, then cached with ``save_pretrained`` so
-the next run loads them in seconds.
+byte tokenizer at nearly the same cost). The target (a ``LlamaForCausalLM``: 4 layers, hidden 128, 1.05M
+parameters) is trained from scratch with AdamW on random 256-token windows. The draft is the target's
+embeddings and first layer, distilled from the target. Both are cached with ``save_pretrained``, so the next
+run loads them in seconds.
+
+The budget decides the sizes. 2 CPU cores for 2-3 minutes train on only about 1.6M tokens, and at that scale a
+small model learns more than a big one: a 4-layer, hidden-256 target was still near the unigram loss after
+the steps it could afford. For the same reason, a draft cut from the target and distilled agrees with it far
+more often than a small model trained from scratch.
 
 Run ``python -m specdec.demo`` (or ``python examples/demo.py``); see :func:`main` for the options.
 """
@@ -58,17 +64,20 @@ _SKIP_DIRS = frozenset(
 class DemoSettings:
     """Sizes and training budget of the demo models (all of it goes into the cache key).
 
-    The defaults take about 2-3 minutes on 2 CPU cores, most of it training the target.
+    The defaults take about 2.5 minutes on 2 CPU cores: about 2 minutes for the target, half a minute for the
+    draft. The draft is not trained from scratch: it is the target's embeddings, first ``draft_layers``
+    decoder layers and final norm (the output projection is tied to the embeddings), then distilled from the
+    target. In this budget that gives far higher agreement than a separately trained small model (measured:
+    60% against 35% top-1 agreement on held-out code for a 1-layer draft, greedy tau 2.5 against 1.65 at K=4).
 
     Attributes:
         vocab_size: byte-level BPE vocabulary, special token included.
         seq_len: training window length in tokens.
         batch_size: windows per optimiser step.
         target_layers, target_hidden, target_heads, target_intermediate: the target ``LlamaConfig``.
-        target_steps, target_lr: AdamW steps and peak learning rate for the target.
-        draft_layers, draft_hidden, draft_heads, draft_intermediate: the draft ``LlamaConfig``.
-        draft_steps, draft_lr: AdamW steps and peak learning rate for the draft.
-        tie_embeddings: share the input embedding and output projection in both models.
+        target_steps, target_lr: AdamW steps and peak learning rate for the target (cross-entropy on the data).
+        draft_layers: decoder layers of the draft, copied from the target's first layers.
+        draft_steps, draft_lr: AdamW steps and peak learning rate for distilling the draft (KL from the target).
         max_train_files: use only the first this many training files (sorted by path); ``None`` for all.
         eval_windows: held-out windows the reported losses are averaged over.
         num_threads: torch CPU threads while building (restored afterwards).
@@ -78,21 +87,29 @@ class DemoSettings:
     seq_len: int = 256
     batch_size: int = 8
     target_layers: int = 4
-    target_hidden: int = 256
-    target_heads: int = 4
-    target_intermediate: int = 688
-    target_steps: int = 250
+    target_hidden: int = 128
+    target_heads: int = 2
+    target_intermediate: int = 344
+    target_steps: int = 800
     target_lr: float = 3e-3
     draft_layers: int = 1
-    draft_hidden: int = 128
-    draft_heads: int = 2
-    draft_intermediate: int = 344
-    draft_steps: int = 400
-    draft_lr: float = 4e-3
-    tie_embeddings: bool = True
+    draft_steps: int = 250
+    draft_lr: float = 2e-3
     max_train_files: int | None = None
     eval_windows: int = 32
     num_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.draft_layers <= self.target_layers:
+            raise ValueError(
+                f"draft_layers={self.draft_layers} must lie in 1..target_layers={self.target_layers}: the draft "
+                "is made of the target's first layers"
+            )
+        if self.target_hidden % self.target_heads:
+            raise ValueError(
+                f"target_hidden={self.target_hidden} is not divisible by target_heads={self.target_heads}; "
+                "pick heads that divide the hidden size"
+            )
 
 
 class DemoReport(NamedTuple):
@@ -102,7 +119,8 @@ class DemoReport(NamedTuple):
         target_loss: mean held-out cross-entropy of the target, nats per token.
         draft_loss: the same for the draft.
         target_train_loss: mean training loss over the target's last 10% of steps.
-        draft_train_loss: the same for the draft.
+        draft_train_loss: mean distillation loss (KL from the target, nats per token) over the draft's last
+            10% of steps.
         agreement: fraction of held-out positions where the draft's argmax equals the target's.
         target_steps: optimiser steps the target took (fewer than asked when ``seconds_budget`` ran out).
         draft_steps: the same for the draft.
@@ -252,20 +270,18 @@ def _encode_stream(tokenizer, texts: Sequence[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _llama(settings: DemoSettings, prefix: str, vocab_size: int, eos: int, seed: int):
+def _target_model(settings: DemoSettings, vocab_size: int, eos: int, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden = getattr(settings, f"{prefix}_hidden")
-    heads = getattr(settings, f"{prefix}_heads")
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=getattr(settings, f"{prefix}_intermediate"),
-        num_hidden_layers=getattr(settings, f"{prefix}_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
+        hidden_size=settings.target_hidden,
+        intermediate_size=settings.target_intermediate,
+        num_hidden_layers=settings.target_layers,
+        num_attention_heads=settings.target_heads,
+        num_key_value_heads=settings.target_heads,
         max_position_embeddings=2048,
-        tie_word_embeddings=settings.tie_embeddings,
+        tie_word_embeddings=True,
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,
@@ -275,6 +291,28 @@ def _llama(settings: DemoSettings, prefix: str, vocab_size: int, eos: int, seed:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.float()
+
+
+def _draft_from_target(target, num_layers: int):
+    """A copy of the target cut to its first ``num_layers`` decoder layers (embeddings and final norm kept)."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    with torch.random.fork_rng(devices=[]):
+        draft = LlamaForCausalLM(config)
+    kept = {
+        name: value
+        for name, value in target.state_dict().items()
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers
+    }
+    missing, unexpected = draft.load_state_dict(kept, strict=False)
+    # A tied lm_head may be absent from the state dict and is re-tied by HF; anything else is a bug.
+    if [m for m in missing if m != "lm_head.weight"] or unexpected:
+        raise RuntimeError(f"draft init from the target failed: missing {missing}, unexpected {unexpected}")
+    return draft.float()
 
 
 def _windows(stream: torch.Tensor, starts: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -292,8 +330,13 @@ def _train(
     deadline: float | None,
     desc: str,
     progress: bool,
+    teacher=None,
 ) -> tuple[int, float]:
-    """AdamW on random windows with warm-up and cosine decay; returns (steps taken, mean loss of the last 10%)."""
+    """AdamW on random windows with warm-up and cosine decay; returns (steps taken, mean loss of the last 10%).
+
+    The loss is next-token cross-entropy on the data, or with a ``teacher`` the KL divergence from the
+    teacher's next-token distribution to the model's (distillation), averaged over positions.
+    """
     from tqdm.auto import tqdm
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -324,7 +367,13 @@ def _train(
         batch = _windows(stream, starts, settings.seq_len)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        loss = model(input_ids=batch, labels=batch).loss
+        if teacher is None:
+            loss = model(input_ids=batch, labels=batch).loss
+        else:
+            with torch.no_grad():
+                teacher_logp = torch.log_softmax(teacher(input_ids=batch).logits, dim=-1)
+            logp = torch.log_softmax(model(input_ids=batch).logits, dim=-1)
+            loss = (teacher_logp.exp() * (teacher_logp - logp)).sum(-1).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -355,7 +404,8 @@ def _evaluate(target, draft, stream: torch.Tensor, settings: DemoSettings) -> tu
         target_logits = target(input_ids=inputs).logits
         draft_logits = draft(input_ids=inputs).logits
         for i, logits in enumerate((target_logits, draft_logits)):
-            totals[i] += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"))
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+            totals[i] += float(loss)
         totals[2] += float((target_logits.argmax(-1) == draft_logits.argmax(-1)).sum())
     n = batch.shape[0] * seq_len
     return totals[0] / n, totals[1] / n, totals[2] / n
@@ -368,7 +418,12 @@ def _default_cache_root() -> Path:
 
 def _cache_key(settings: DemoSettings, seed: int, seconds_budget: float | None, train_files: Sequence[str]) -> str:
     digest = hashlib.sha1()
-    meta = {"format": _FORMAT_VERSION, "settings": dataclasses.asdict(settings), "seed": seed, "budget": seconds_budget}
+    meta = {
+        "format": _FORMAT_VERSION,
+        "settings": dataclasses.asdict(settings),
+        "seed": seed,
+        "budget": seconds_budget,
+    }
     digest.update(json.dumps(meta, sort_keys=True).encode())
     for path in train_files:
         digest.update(hashlib.sha1(Path(path).read_bytes()).digest())
@@ -387,9 +442,10 @@ def build_demo_models(
     """Train (or load from the cache) a small Llama target and draft on the standard library's Python code.
 
     Steps: split the ``*.py`` files (:func:`stdlib_files`); train a byte-level BPE on the training files;
-    train the target, then the draft, with AdamW on random ``seq_len`` windows of the concatenated files;
-    measure held-out losses; save everything with ``save_pretrained``. The same settings, seed, budget and
-    corpus give the same models (CPU float32, same thread count), and hit the same cache directory.
+    train the target with AdamW on random ``seq_len`` windows of the concatenated files; cut the draft out of
+    the target (embeddings, first ``draft_layers`` layers, final norm) and distil it on the same windows;
+    measure held-out losses and agreement; save everything with ``save_pretrained``. The same settings, seed,
+    budget and corpus give the same models (CPU float32, same thread count) and the same cache directory.
 
     Args:
         cache_dir: where to store or find the models; default
@@ -425,6 +481,11 @@ def build_demo_models(
         draft = LlamaForCausalLM.from_pretrained(path / "draft", dtype=torch.float32).eval()
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
         saved = json.loads(report_path.read_text())
+        if saved.pop("cache_key", key) != key:
+            raise ValueError(
+                f"{path} holds demo models built with other settings, seed, budget or corpus; pass another "
+                "cache_dir (or none, for a directory named after the settings) or delete that one"
+            )
         report = DemoReport(**{**saved, "cache_dir": str(path), "from_cache": True})
         if progress:
             print(f"[specdec.demo] loaded demo models from {path} in {time.perf_counter() - t_start:.1f} s")
@@ -453,17 +514,17 @@ def build_demo_models(
             )
 
         t0 = time.perf_counter()
-        target = _llama(settings, "target", vocab, eos, seed)
+        target = _target_model(settings, vocab, eos, seed)
         target_steps, target_train_loss = _train(
             target, stream, steps=settings.target_steps, lr=settings.target_lr, settings=settings, seed=seed,
             deadline=deadline, desc="train target", progress=progress,
         )
         target_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        draft = _llama(settings, "draft", vocab, eos, seed + 1)
+        draft = _draft_from_target(target, settings.draft_layers)
         draft_steps, draft_train_loss = _train(
             draft, stream, steps=settings.draft_steps, lr=settings.draft_lr, settings=settings, seed=seed + 1,
-            deadline=deadline, desc="train draft", progress=progress,
+            deadline=deadline, desc="distil draft", progress=progress, teacher=target,
         )
         draft_seconds = time.perf_counter() - t0
         target_loss, draft_loss, agreement = _evaluate(target, draft, heldout_stream, settings)
@@ -486,7 +547,7 @@ def build_demo_models(
         cache_dir=str(path),
         from_cache=False,
     )
-    _save(path, target, draft, tokenizer, report)
+    _save(path, target, draft, tokenizer, report, key)
     if progress:
         print(
             f"[specdec.demo] held-out loss: target {target_loss:.3f}, draft {draft_loss:.3f} nats/token; "
@@ -496,7 +557,7 @@ def build_demo_models(
     return DemoModels(target, draft, tokenizer, tuple(train_files), tuple(heldout_files), report)
 
 
-def _save(path: Path, target, draft, tokenizer, report: DemoReport) -> None:
+def _save(path: Path, target, draft, tokenizer, report: DemoReport, key: str) -> None:
     """Write into a temporary sibling and rename, so an interrupted save never looks like a finished build."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
@@ -506,6 +567,7 @@ def _save(path: Path, target, draft, tokenizer, report: DemoReport) -> None:
     tokenizer.save_pretrained(tmp / "tokenizer")
     saved = report._asdict()
     del saved["cache_dir"], saved["from_cache"]
+    saved["cache_key"] = key
     (tmp / "report.json").write_text(json.dumps(saved, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)
@@ -554,11 +616,16 @@ def heldout_prompts(
     rng = random.Random(seed)
     stdlib_root = sysconfig.get_paths()["stdlib"]
 
+    # A fast tokenizer's backend counts without the "sequence longer than model_max_length" warning.
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+
     def count(text: str) -> int:
+        if backend is not None:
+            return len(backend.encode(text, add_special_tokens=False).ids)
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     per_file: list[tuple[str, str, list[re.Match]]] = []
-    for path in files:
+    for path in map(str, files):
         text = _read_text(path)
         matches = [m for m in _DEF_LINE.finditer(text) if len(text) - m.end() > 16]
         rng.shuffle(matches)
@@ -680,7 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = build_demo_models(
             args.cache_dir, seconds_budget=args.seconds_budget, seed=args.seed, progress=not args.quiet
         )
-        target, draft, tokenizer = models.target.to(args.device, dtype), models.draft.to(args.device, dtype), models.tokenizer
+        target, draft = models.target.to(args.device, dtype), models.draft.to(args.device, dtype)
+        tokenizer = models.tokenizer
         prompts = models.heldout_prompts(args.num_prompts, args.prompt_tokens, seed=args.seed)
     if not prompts:
         print("no prompts could be cut from the held-out files; lower --prompt-tokens", file=sys.stderr)
@@ -690,13 +758,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     methods: list[tuple[str, Any, int | None]] = [("plain", None, None)]
     if draft is not None:
-        methods.append((f"draft model (K={args.num_drafts})", DraftModelDrafter(draft, num_drafts=args.num_drafts), args.num_drafts))
-    methods.append((f"prompt lookup (K={args.lookup_drafts})", PromptLookupDrafter(num_drafts=args.lookup_drafts), args.lookup_drafts))
+        sps = DraftModelDrafter(draft, num_drafts=args.num_drafts)
+        methods.append((f"draft model (K={args.num_drafts})", sps, args.num_drafts))
+    lookup = PromptLookupDrafter(num_drafts=args.lookup_drafts)
+    methods.append((f"prompt lookup (K={args.lookup_drafts})", lookup, args.lookup_drafts))
 
     common = dict(max_new_tokens=args.max_new_tokens, eos=eos, device=args.device)
     # Warm-up: one short run per method, so first-call costs are not timed.
+    warm = {**common, "max_new_tokens": 8}
     for _, drafter, k in methods:
-        _run_method(generate, target, prompts_ids[:1], drafter=drafter, num_drafts=k, **{**common, "max_new_tokens": 8})
+        _run_method(generate, target, prompts_ids[:1], drafter=drafter, num_drafts=k, **warm)
 
     print(
         f"\n{len(prompts)} held-out prompts (<= {args.prompt_tokens} tokens), {args.max_new_tokens} new tokens, "
@@ -708,6 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline: list[list[int]] | None = None
     base_rate = 0.0
     all_identical = True
+    sps_speedup = None
     for name, drafter, k in methods:
         outputs, new_tokens, seconds, forwards = _run_method(
             generate, target, prompts_ids, drafter=drafter, num_drafts=k, **common
@@ -722,6 +794,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             all_identical &= same == len(baseline)
             identical = "yes" if same == len(baseline) else f"NO ({same}/{len(baseline)} prompts)"
         print(f"{name:<24} {tau:>6.2f} {rate:>9.1f} {rate / base_rate:>7.2f}x  {identical}")
+        if name.startswith("draft model"):
+            sps_speedup = rate / base_rate
+    print("\ntau: tokens emitted per target forward (prefill included); speedup: tokens/s over plain decoding.")
+    if sps_speedup is not None and sps_speedup < 1.0 and not args.device.startswith("cuda"):
+        print(
+            "Models this small are overhead-bound on a CPU: a draft forward costs nearly as much as a target\n"
+            "forward, so drafting K tokens with a model eats the gain of verifying them at once. Prompt lookup\n"
+            "drafts for free. A draft model pays off when the target is much more expensive than the draft."
+        )
+    sample = prompts[0].prompt.splitlines()[-3:]
+    print("\nsample (plain greedy), prompt tail then completion:\n" + "\n".join(sample), end="")
+    print(tokenizer.decode(baseline[0]))
     return 0 if all_identical else 1
 
 

@@ -97,7 +97,14 @@ class RandomSource(Protocol):
     """The randomness a stochastic block consumes: two primitives, nothing else.
 
     Every sampler, drafter and verifier of ``specdec`` draws through these two methods, which is what lets
-    ``specdec.testing.EnumeratingSource`` replace them by exhaustive branching.
+    ``specdec.testing.EnumeratingSource`` replace them by exhaustive branching. Implement both to plug in your
+    own randomness (a counter-based RNG, noise shared with a kernel, ...).
+
+    Math: ``bernoulli(p)_i ~ Bernoulli(p_i)`` independently; ``categorical(w)_r ~ w_r / sum(w_r)`` independently
+    per row.
+
+    References:
+        STYLE.md rule 6; vLLM v1 rejection sampler (noise drawn outside the kernel).
     """
 
     def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
@@ -105,7 +112,7 @@ class RandomSource(Protocol):
 
         Args:
             probs: success probabilities in ``[0, 1]`` (``0`` is never ``True``, ``1`` always).
-                Shape: any.
+                Shape: ``[...]``, any.
 
         Returns:
             Bool tensor of the same shape.
@@ -145,18 +152,39 @@ def _categorical_from_exponentials(weights: torch.Tensor, exponentials: torch.Te
 class NoiseSource:
     """Base of the sources that turn raw noise into answers; subclasses only say where noise comes from.
 
-    ``bernoulli`` compares float64 uniforms ``u ~ U[0, 1)`` with the probabilities (``u < p``);
-    ``categorical`` runs an exponential race ``argmax_i log w_i - log E_i`` with ``E_i ~ Exp(1)``. Both use
-    exactly ``probs.numel()`` / ``weights.numel()`` noise values, in row-major order, so two sources fed the
-    same noise give the same answers, and a kernel fed that noise can be compared bit for bit.
+    Math: ``bernoulli`` compares float64 uniforms ``u ~ U[0, 1)`` with the probabilities (``u < p``, true with
+    probability exactly ``p``); ``categorical`` runs an exponential race ``argmax_i log w_i - log E_i`` with
+    ``E_i ~ Exp(1)``: ``E_i / w_i ~ Exp(w_i)`` and the smallest of independent exponentials is ``i`` with
+    probability ``w_i / sum(w)``; lanes with ``w_i == 0`` score ``-inf`` and never win. Both use exactly
+    ``probs.numel()`` / ``weights.numel()`` noise values, in row-major order, so two sources fed the same noise
+    give the same answers, and a kernel fed that noise can be compared bit for bit.
+
+    References:
+        vLLM v1 rejection sampler (float64 uniforms, exponential race, ``-inf`` for masked lanes).
     """
 
     def uniforms(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
-        """Float64 uniforms in ``[0, 1)`` of the given shape."""
+        """Float64 uniforms in ``[0, 1)``; subclasses say where they come from.
+
+        Args:
+            shape: the shape to return.
+            device: the device to return them on.
+
+        Returns:
+            Float64 tensor of ``shape``.
+        """
         raise NotImplementedError
 
     def exponentials(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
-        """Float64 ``Exp(1)`` noise of the given shape."""
+        """Float64 ``Exp(1)`` noise; subclasses say where it comes from.
+
+        Args:
+            shape: the shape to return.
+            device: the device to return it on.
+
+        Returns:
+            Float64 tensor of ``shape``.
+        """
         raise NotImplementedError
 
     def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
@@ -178,7 +206,8 @@ class TorchSource(NoiseSource):
     """A :class:`RandomSource` drawing from a ``torch.Generator`` (float64 uniforms and exponentials).
 
     Args:
-        generator: the generator to draw from; it must live on the device of the tensors it will serve.
+        generator: the generator to draw from; it must live on the device of the tensors it will serve. Seed it
+            (``torch.Generator(device).manual_seed(seed)``) for reproducible runs.
 
     Example:
         >>> src = TorchSource(torch.Generator().manual_seed(0))
@@ -219,8 +248,10 @@ class PredrawnNoise(NoiseSource):
     next ``weights.numel()`` exponentials (row-major). Running out is an error, never a silent refill.
 
     Args:
-        uniforms: float values in ``[0, 1)``. Shape: any (flattened).
-        exponentials: positive ``Exp(1)`` values. Shape: any (flattened).
+        uniforms: float values in ``[0, 1)``, cast to float64.
+            Shape: any (flattened).
+        exponentials: positive ``Exp(1)`` values, cast to float64.
+            Shape: any (flattened).
 
     Example:
         >>> src = PredrawnNoise(torch.tensor([0.3, 0.9]), torch.tensor([1.0, 0.5]))
@@ -228,6 +259,9 @@ class PredrawnNoise(NoiseSource):
         [True, False]
         >>> src.categorical(torch.tensor([1.0, 1.0])).item()
         1
+
+    References:
+        vLLM ``test_sample_recovered_tokens`` (kernel vs reference under the same injected noise).
     """
 
     def __init__(self, uniforms: torch.Tensor, exponentials: torch.Tensor) -> None:
@@ -288,6 +322,9 @@ def as_source(source: RandomSource | torch.Generator | None, *, greedy: bool = F
     Raises:
         ValueError: ``source`` is ``None`` for a call that samples.
         TypeError: ``source`` is of another type.
+
+    References:
+        STYLE.md rule 6 (randomness is an argument; the library never seeds or reads the global RNG).
     """
     if source is None:
         if greedy:
@@ -320,5 +357,8 @@ def sample(probs: torch.Tensor, source: RandomSource | torch.Generator) -> torch
     Example:
         >>> sample(torch.tensor([[0.0, 2.0]]), torch.Generator().manual_seed(0)).tolist()
         [1]
+
+    References:
+        The exponential race (equivalent to the Gumbel-max trick): vLLM v1 ``sample_recovered_tokens``.
     """
     return as_source(source).categorical(probs)

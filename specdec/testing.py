@@ -77,6 +77,10 @@ class EnumeratingSource:
         choices: the answer index given at each call so far.
         counts: the number of possible answers at each call so far.
         probability: the probability of the answers given so far.
+
+    References:
+        research/engines.md section 2.5 (exact enumeration oracles); this one runs the real code instead of a
+        re-derivation of it.
     """
 
     def __init__(self, choices: Sequence[int] = ()) -> None:
@@ -105,7 +109,15 @@ class EnumeratingSource:
         return values[::-1]
 
     def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
-        """Branch over the coins with probability strictly between 0 and 1. Shape: any -> same, bool."""
+        """Branch over the coins with probability strictly between 0 and 1.
+
+        Args:
+            probs: success probabilities in ``[0, 1]``.
+                Shape: ``[...]``.
+
+        Returns:
+            Bool tensor of the same shape (this branch's answers).
+        """
         options = []
         for p in probs.detach().reshape(-1).tolist():
             if not 0.0 <= p <= 1.0:
@@ -115,7 +127,15 @@ class EnumeratingSource:
         return torch.tensor(values, dtype=torch.bool, device=probs.device).reshape(probs.shape)
 
     def categorical(self, weights: torch.Tensor) -> torch.Tensor:
-        """Branch every row over its indices with positive weight. Shape: ``[..., V] -> [...]``, int64."""
+        """Branch every row over its indices with positive weight.
+
+        Args:
+            weights: non-negative weights (an all-zero row answers 0).
+                Shape: ``[..., V]``.
+
+        Returns:
+            Int64 tensor of shape ``[...]`` (this branch's answers).
+        """
         if weights.dim() < 1 or weights.shape[-1] == 0:
             raise ValueError(f"categorical needs weights of shape [..., V] with V >= 1, got {tuple(weights.shape)}")
         options = []
@@ -131,7 +151,7 @@ class EnumeratingSource:
 def _freeze(outcome: Any) -> Hashable:
     if isinstance(outcome, torch.Tensor):
         outcome = outcome.tolist()
-    if isinstance(outcome, list):
+    if isinstance(outcome, (list, tuple)):
         return tuple(_freeze(o) for o in outcome)
     return outcome
 
@@ -156,7 +176,10 @@ def exact_distribution(
 
     Example:
         >>> exact_distribution(lambda s: int(s.categorical(torch.tensor([1.0, 3.0]))))
-        {1: 0.75, 0: 0.25}
+        {0: 0.25, 1: 0.75}
+
+    References:
+        research/engines.md section 2.5, tier 3 (exact enumeration at tolerance 1e-12).
     """
     law: dict[Hashable, float] = defaultdict(float)
     stack: list[tuple[int, ...]] = [()]
@@ -195,6 +218,13 @@ class ToyLM:
         peakiness: logit scale.
         top_k: keep the ``top_k`` most likely tokens (0 keeps all).
         top_p: nucleus mass (1.0 keeps all).
+
+    Example:
+        >>> ToyLM(4, seed=0, top_k=2).probs([1, 2]).gt(0).sum().item()
+        2
+
+    References:
+        research/engines.md section 2.5 (tiny synthetic models with prefix-dependent laws).
     """
 
     def __init__(self, vocab_size: int, seed: int, peakiness: float = 1.0, top_k: int = 0, top_p: float = 1.0):
@@ -208,7 +238,10 @@ class ToyLM:
 
     def __repr__(self) -> str:
         p = self.params
-        return f"ToyLM(V={self.vocab_size}, seed={self.seed}, peakiness={self.peakiness}, top_k={p.top_k}, top_p={p.top_p})"
+        return (
+            f"ToyLM(V={self.vocab_size}, seed={self.seed}, peakiness={self.peakiness}, top_k={p.top_k}, "
+            f"top_p={p.top_p})"
+        )
 
     def _compute(self, context: tuple[int, ...]) -> torch.Tensor:
         key = f"{self.seed}|{','.join(map(str, context))}".encode()
@@ -217,32 +250,78 @@ class ToyLM:
         return process_logits(self.peakiness * z, self.params)
 
     def probs(self, context: Sequence[int]) -> torch.Tensor:
-        """``p(. | context)``. Shape: ``[V]`` float64."""
+        """``p(. | context)``, cached.
+
+        Args:
+            context: the tokens so far (may be empty).
+
+        Returns:
+            Float64 tensor of shape ``[V]``.
+        """
         return self._probs(tuple(int(t) for t in context))
 
     def probs_batch(self, contexts: torch.Tensor) -> torch.Tensor:
         """``p(. | context)`` for many contexts, ``-1`` entries ignored (padding).
 
         Args:
-            contexts: token ids. Shape: ``[M, L]`` int64.
+            contexts: token ids.
+                Shape: ``[M, L]`` int64.
 
         Returns:
             Shape ``[M, V]`` float64.
         """
-        if contexts.shape[0] <= 64:  # few rows (enumeration): a dictionary lookup per row is cheapest
-            return torch.stack([self._probs(tuple(t for t in row if t >= 0)) for row in contexts.tolist()])
-        unique, inverse = torch.unique(contexts, dim=0, return_inverse=True)
+        if contexts.shape[0] <= 64 or contexts.shape[1] == 0:  # few rows (enumeration): one cached lookup per row
+            rows = contexts.tolist() if contexts.shape[1] else [[]] * contexts.shape[0]
+            return torch.stack([self._probs(tuple(t for t in row if t >= 0)) for row in rows])
+        base = self.vocab_size + 1
+        if contexts.shape[1] * math.log2(base) < 62:  # rows as integers: a 1-D unique is much faster than dim=0
+            weights = base ** torch.arange(contexts.shape[1] - 1, -1, -1, dtype=torch.long)
+            _, first, inverse = _unique_rows((contexts + 1) @ weights)
+            unique = contexts[first]
+        else:
+            unique, inverse = torch.unique(contexts, dim=0, return_inverse=True)
         table = torch.stack([self.probs([t for t in row if t >= 0]) for row in unique.tolist()])
         return table[inverse]
 
 
+def _unique_rows(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unique keys, the index of one occurrence of each, and the inverse map."""
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    first = torch.zeros(unique.numel(), dtype=torch.long).scatter_(0, inverse, torch.arange(keys.numel()))
+    return unique, first, inverse
+
+
 def chain_parents(num_drafts: int) -> list[int]:
-    """The parents list of a chain of ``num_drafts`` nodes: ``[-1, 0, 1, ..., K - 1]``."""
+    """The parents list of a chain of ``K`` draft nodes.
+
+    Math: node ``i`` has parent ``i - 1``; the root (node 0) has parent ``-1``.
+
+    Args:
+        num_drafts: ``K``.
+
+    Returns:
+        ``[-1, 0, 1, ..., K - 1]`` (length ``K + 1``).
+
+    References:
+        :class:`specdec.types.Draft` (a chain is a tree with one child per node).
+    """
     return [-1] + list(range(num_drafts))
 
 
 def depths_of(parents: Sequence[int]) -> list[int]:
-    """Depth of every node of a parents list (root first, parents before children, absent nodes -1 -> 0)."""
+    """Depth of every node of a parents list.
+
+    Math: ``depth(0) = 0``, ``depth(i) = depth(parents[i]) + 1``; absent nodes (parent -1) get 0.
+
+    Args:
+        parents: ``[-1, parent of node 1, ...]``, parents before children.
+
+    Returns:
+        Depths, same length.
+
+    References:
+        :class:`specdec.types.Draft`.
+    """
     depths = [0] * len(parents)
     for i, parent in enumerate(parents[1:], start=1):
         if parent >= i:
@@ -324,7 +403,11 @@ def draft_top_k(
         batch_size: ``B`` identical rows.
 
     Returns:
-        A ``DETERMINISTIC`` :class:`Draft` with ``B`` rows and ``N = len(parents) - 1`` nodes.
+        A ``DETERMINISTIC`` :class:`Draft` with ``B`` rows and ``N = len(parents) - 1`` nodes; shapes tokens
+        ``[B, N]``, parents and depths ``[B, N + 1]``.
+
+    References:
+        Li et al., "EAGLE-2", arXiv 2406.16858 (top-k expansion of the draft tree).
     """
 
     def pick(q: torch.Tensor, k: int):
@@ -349,7 +432,11 @@ def draft_iid(
         batch_size: ``B`` independent rows.
 
     Returns:
-        An ``IID`` :class:`Draft` (``draft_probs`` ``[B, N, V]``).
+        An ``IID`` :class:`Draft`; shapes tokens ``[B, N]``, parents and depths ``[B, N + 1]``, draft_probs
+        ``[B, N, V]``.
+
+    References:
+        Miao et al., "SpecInfer", arXiv 2305.09781.
     """
 
     def pick(q: torch.Tensor, k: int):
@@ -375,7 +462,11 @@ def draft_without_replacement(
         batch_size: ``B`` independent rows.
 
     Returns:
-        A ``WITHOUT_REPLACEMENT`` :class:`Draft` (``draft_probs`` ``[B, N, V]``, the full ``q`` per node).
+        A ``WITHOUT_REPLACEMENT`` :class:`Draft`; shapes tokens ``[B, N]``, parents and depths ``[B, N + 1]``,
+        draft_probs ``[B, N, V]`` (the full ``q`` of each sibling group).
+
+    References:
+        Jeon et al., "Recursive Speculative Decoding", arXiv 2402.14160; Chen et al., "Sequoia", arXiv 2402.12374.
     """
 
     def pick(q: torch.Tensor, k: int):
@@ -401,10 +492,14 @@ def node_probs(model: ToyLM, prefix: Sequence[int], draft: Draft) -> torch.Tenso
     Args:
         model: a :class:`ToyLM` (usually the target).
         prefix: committed tokens (the root is their last one).
-        draft: the draft tree. Shapes: tokens ``[B, N]``, parents / depths ``[B, N + 1]``.
+        draft: the draft tree.
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
 
     Returns:
-        Shape ``[B, N + 1, V]`` float64.
+        Float64 tensor of shape ``[B, N + 1, V]`` (``[:, i]``: the law of the token after node ``i``).
+
+    References:
+        Tree attention: each node sees the prefix and its ancestors only (DESIGN.md, "Masks").
     """
     tokens = draft.tokens.cpu()
     batch, nodes = tokens.shape
@@ -416,11 +511,15 @@ def stack_drafts(drafts: Sequence[Draft]) -> Draft:
     """Stack drafts of different sizes into one batch, padding with absent nodes (parent -1).
 
     Args:
-        drafts: drafts of one scheme. Shapes: tokens ``[B_j, N_j]``, draft_probs ``[B_j, N_j, V]`` or ``None``.
+        drafts: drafts of one scheme.
+            Shape: tokens ``[B_j, N_j]``, draft_probs ``[B_j, N_j, V]`` or ``None``.
 
     Returns:
         A :class:`Draft` with ``sum B_j`` rows and ``max N_j`` nodes. ``draft_probs`` is ``None`` for
         ``DETERMINISTIC`` drafts, else padded with zeros (every input needs ``draft_probs``).
+
+    References:
+        :class:`specdec.types.Draft` (absent nodes pad rows that draft fewer nodes).
     """
     schemes = {d.scheme for d in drafts}
     if len(schemes) != 1:
@@ -462,6 +561,9 @@ def target_law(target: ToyLM, num_tokens: int, *, prefix: Sequence[int] = ()) ->
 
     Returns:
         ``{tokens: probability}`` with tuples of length ``T``.
+
+    References:
+        The reference law every lossless speculative loop must reproduce (Leviathan et al., arXiv 2211.17192).
     """
     law: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(num_tokens):
@@ -509,6 +611,10 @@ def speculative_law(
 
     Returns:
         ``{tokens: probability}`` with tuples of length ``num_tokens``.
+
+    References:
+        research/engines.md section 2.5 (enumeration oracles for chain, SpecInfer, without-replacement and
+        target-only verifiers).
     """
     parents = chain_parents(tree) if isinstance(tree, int) else list(tree)
     step_laws: dict[tuple[int, ...], dict] = {}
@@ -548,11 +654,16 @@ def total_variation(p: Mapping | torch.Tensor, q: Mapping | torch.Tensor) -> flo
     """Total-variation distance ``TV(p, q) = 1/2 sum_x |p(x) - q(x)| = max_A |p(A) - q(A)|``.
 
     Args:
-        p: a law as ``{outcome: probability}`` or a tensor. Shape: ``[..., V]``.
-        q: the same kind as ``p``. Shape: ``[..., V]``.
+        p: a law as ``{outcome: probability}`` or a tensor.
+            Shape: ``[..., V]`` for tensors.
+        q: the same kind as ``p``.
+            Shape: ``[..., V]`` for tensors.
 
     Returns:
         A float for dicts (missing outcomes count as 0); a float64 tensor of shape ``[...]`` for tensors.
+
+    References:
+        Levin, Peres and Wilmer, "Markov Chains and Mixing Times", section 4.1.
     """
     if isinstance(p, Mapping) and isinstance(q, Mapping):
         return 0.5 * math.fsum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
@@ -642,7 +753,8 @@ def chi_square_test(counts, probs, *, min_expected: float = 5.0) -> FitResult:
     total-variation distance ``d`` (measured on the merged bins): see :func:`detectable_tv`.
 
     Args:
-        counts: observed counts. Shape: ``[bins]`` (tensor, array or list), or a dict ``{outcome: count}``.
+        counts: observed counts, a tensor / array / list or a dict ``{outcome: count}``.
+            Shape: ``[bins]``.
         probs: the null law, same layout (dicts: outcomes missing from ``probs`` have probability 0).
         min_expected: the smallest expected count a bin may have.
 
@@ -662,7 +774,8 @@ def g_test(counts, probs, *, min_expected: float = 5.0) -> FitResult:
     Math: ``G = 2 sum_bins O ln(O / E)`` (empty bins contribute 0), asymptotically ``chi2(bins - 1)``.
 
     Args:
-        counts: observed counts. Shape: ``[bins]``, or a dict ``{outcome: count}``.
+        counts: observed counts, or a dict ``{outcome: count}``.
+            Shape: ``[bins]``.
         probs: the null law, same layout.
         min_expected: the smallest expected count a bin may have.
 

@@ -101,7 +101,9 @@ def _check_inputs(target_probs: torch.Tensor, draft: Draft, need_draft_probs: bo
             )
         shape = tuple(draft.draft_probs.shape)
         if shape[:2] != (batch, nodes) or len(shape) != 3:
-            raise ValueError(f"{name}: draft.draft_probs must have shape [B, N, V] = [{batch}, {nodes}, V], got {shape}")
+            raise ValueError(
+                f"{name}: draft.draft_probs must have shape [B, N, V] = [{batch}, {nodes}, V], got {shape}"
+            )
         if shape[2] != vocab:
             raise ValueError(
                 f"{name}: draft_probs has vocabulary {shape[2]} but target_probs has {vocab}: draft and target must "
@@ -215,9 +217,10 @@ def verify_greedy(
 
     Args:
         target_probs: target logits or probabilities at every node (only the argmax is used, so raw logits work
-            and any dtype is fine). Shape: ``[B, N + 1, V]``.
-        draft: the draft tree (any scheme; ``draft_probs`` is ignored). Shapes: tokens ``[B, N]``, parents and
-            depths ``[B, N + 1]``.
+            and any dtype is fine).
+            Shape: ``[B, N + 1, V]``.
+        draft: the draft tree (any scheme; ``draft_probs`` is ignored).
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
         source: ignored (greedy draws nothing); accepted so that every verifier has one signature.
         max_depth: ``D``, the tree's depth bound; ``None`` reads it from ``draft.depths`` (one host sync).
 
@@ -273,10 +276,11 @@ def verify_chain(
     ``categorical`` over ``[B, V]``. Rows with fewer drafts are padded with absent nodes at the end.
 
     Args:
-        target_probs: processed target distributions. Shape: ``[B, N + 1, V]``.
+        target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
+            Shape: ``[B, N + 1, V]``.
         draft: a chain per row: node ``i``'s parent is ``i - 1`` for its ``K_b`` present nodes, absent nodes
-            (parent -1) after them (:func:`check_draft` with ``chain=True`` checks this). Shapes: tokens
-            ``[B, N]``, parents / depths ``[B, N + 1]``, draft_probs ``[B, N, V]`` (sampled schemes).
+            (parent -1) after them (:func:`check_draft` with ``chain=True`` checks this).
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``, draft_probs ``[B, N, V]`` (sampled schemes).
         source: a :class:`~specdec.sampling.RandomSource` or ``torch.Generator``.
         max_depth: ``D`` (here the longest chain); ``None`` reads it from ``draft.depths`` (one host sync).
 
@@ -350,7 +354,6 @@ def _tree_rejection(
     deterministic = scheme == DraftScheme.DETERMINISTIC
     present = draft.parents[:, 1:] >= 0
     tokens = torch.where(present, draft.tokens, torch.zeros_like(draft.tokens))  # absent nodes may hold anything
-    hot = torch.nn.functional.one_hot(tokens, vocab).bool()  # [B, N, V]
     draft_probs = None if deterministic else draft.draft_probs.to(dtype)
     tiny = torch.finfo(dtype).tiny
 
@@ -361,7 +364,7 @@ def _tree_rejection(
     # in order and reaches a node's children only after the node itself was accepted.
     for node in range(1, nodes + 1):
         tries = draft.parents[:, node] == current
-        x_hot = hot[:, node - 1]
+        x_hot = torch.nn.functional.one_hot(tokens[:, node - 1], vocab).bool()
         if deterministic:
             q = x_hot.to(dtype)
             accept_prob = (p * q).sum(-1)  # p(x) / q(x) with q(x) = 1
@@ -405,8 +408,10 @@ def verify_tree_deterministic(
     ``DETERMINISTIC`` drafts (``draft_probs`` is ignored: the tokens were not sampled from it).
 
     Args:
-        target_probs: processed target distributions. Shape: ``[B, N + 1, V]``.
-        draft: the draft tree. Shapes: tokens ``[B, N]``, parents / depths ``[B, N + 1]``.
+        target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
+            Shape: ``[B, N + 1, V]``.
+        draft: the draft tree.
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
         source: a :class:`~specdec.sampling.RandomSource` or ``torch.Generator``.
         max_depth: ``D``; ``None`` reads it from ``draft.depths`` (one host sync).
 
@@ -418,7 +423,9 @@ def verify_tree_deterministic(
         ``tree_speculative_sampling_target_only`` with both thresholds 1.
     """
     _check_scheme("verify_tree_deterministic", draft, verify_tree_deterministic.exact_for)
-    return _tree_rejection(target_probs, draft, source, max_depth, DraftScheme.DETERMINISTIC, "verify_tree_deterministic")
+    return _tree_rejection(
+        target_probs, draft, source, max_depth, DraftScheme.DETERMINISTIC, "verify_tree_deterministic"
+    )
 
 
 @_verifier(lossless=True, exact_for=frozenset({DraftScheme.IID}))
@@ -442,9 +449,11 @@ def verify_tree_iid(
     siblings the emitted token has the target's law. Exact for ``IID`` drafts (a sampled chain included).
 
     Args:
-        target_probs: processed target distributions. Shape: ``[B, N + 1, V]``.
+        target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
+            Shape: ``[B, N + 1, V]``.
         draft: the draft tree with ``draft_probs`` (row ``i - 1`` is the distribution node ``i`` was drawn
-            from). Shapes: tokens ``[B, N]``, parents / depths ``[B, N + 1]``, draft_probs ``[B, N, V]``.
+            from).
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``, draft_probs ``[B, N, V]``.
         source: a :class:`~specdec.sampling.RandomSource` or ``torch.Generator``.
         max_depth: ``D``; ``None`` reads it from ``draft.depths`` (one host sync).
 
@@ -479,10 +488,11 @@ def verify_tree_without_replacement(
     ``x_j`` ends with ``p(x_j) = 0`` (``p(x_j) < q_j(x_j)``), so removing it from later proposals loses nothing.
 
     Args:
-        target_probs: processed target distributions. Shape: ``[B, N + 1, V]``.
+        target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
+            Shape: ``[B, N + 1, V]``.
         draft: the draft tree with ``draft_probs`` (row ``i - 1``: the full distribution of node ``i``'s sibling
-            group, before any sibling was removed). Shapes: tokens ``[B, N]``, parents / depths ``[B, N + 1]``,
-            draft_probs ``[B, N, V]``.
+            group, before any sibling was removed).
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``, draft_probs ``[B, N, V]``.
         source: a :class:`~specdec.sampling.RandomSource` or ``torch.Generator``.
         max_depth: ``D``; ``None`` reads it from ``draft.depths`` (one host sync).
 
@@ -523,9 +533,10 @@ def verify_typical(
     restricted to ``{v : p(v) >= threshold}`` (Medusa ``get_typical_one_token``; the argmax is always kept).
 
     Args:
-        target_probs: processed target distributions. Shape: ``[B, N + 1, V]``.
-        draft: the draft tree (any scheme; ``draft_probs`` ignored). Shapes: tokens ``[B, N]``, parents / depths
-            ``[B, N + 1]``.
+        target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
+            Shape: ``[B, N + 1, V]``.
+        draft: the draft tree (any scheme; ``draft_probs`` ignored).
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
         source: a :class:`~specdec.sampling.RandomSource` or ``torch.Generator`` (for the next token only).
         posterior_threshold: ``epsilon`` (Medusa default 0.09).
         posterior_alpha: ``alpha`` (Medusa default 0.3, about ``sqrt(epsilon)``).
@@ -608,9 +619,14 @@ def select_verifier(scheme: DraftScheme, params: SamplingParams, *, chain: bool 
 def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens a verification step emits per row: the accepted drafts, then the next token.
 
+    Math: row ``b`` emits ``tokens[b, accepted_nodes[b, j] - 1]`` for ``j = 1..num_accepted[b]``, then
+    ``next_tokens[b]``.
+
     Args:
-        draft: the verified draft. Shape of tokens: ``[B, N]``.
-        result: the verifier's output. Shapes: accepted_nodes ``[B, D + 1]``, num_accepted / next_tokens ``[B]``.
+        draft: the verified draft.
+            Shape: tokens ``[B, N]``.
+        result: the verifier's output.
+            Shape: accepted_nodes ``[B, D + 1]``, num_accepted and next_tokens ``[B]``.
 
     Returns:
         ``(tokens, counts)``: tokens of shape ``[B, D + 1]`` (``-1`` after the ``counts[b]`` emitted ones) and
@@ -622,6 +638,9 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
         >>> result = VerifyResult(torch.tensor([[0, 1, -1]]), torch.tensor([1]), torch.tensor([9]))
         >>> emitted_tokens(draft, result)[0].tolist()
         [[5, 9, -1]]
+
+    References:
+        DESIGN.md glossary (accepted, bonus, recovered); vLLM's ``-1``-padded ``[B, K + 1]`` output layout.
     """
     nodes = result.accepted_nodes[:, 1:]
     on_path = nodes > 0
@@ -644,13 +663,19 @@ def check_draft(draft: Draft, vocab_size: int | None = None, *, chain: bool = Fa
     ``chain=True``, each row is a chain ``0 <- 1 <- ... <- K_b`` followed by absent nodes.
 
     Args:
-        draft: the draft to check. Shapes: tokens ``[B, N]``, parents / depths ``[B, N + 1]``,
-            draft_probs ``[B, N, V]`` or ``None``.
+        draft: the draft to check.
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``, draft_probs ``[B, N, V]`` or ``None``.
         vocab_size: ``V`` to check token ids against (``None`` skips the check).
         chain: also require the chain layout :func:`verify_chain` needs.
 
+    Returns:
+        ``None``; a valid draft passes silently.
+
     Raises:
         ValueError: naming the first offending row and node.
+
+    References:
+        :class:`specdec.types.Draft` (the layout contract).
     """
     parents, depths, tokens = draft.parents.cpu(), draft.depths.cpu(), draft.tokens.cpu()
     batch, nodes = tokens.shape

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import re
 
@@ -19,15 +20,12 @@ TINY = DemoSettings(
     vocab_size=300,
     seq_len=32,
     batch_size=2,
-    target_layers=1,
+    target_layers=2,
     target_hidden=32,
     target_heads=2,
     target_intermediate=64,
     target_steps=3,
     draft_layers=1,
-    draft_hidden=16,
-    draft_heads=1,
-    draft_intermediate=32,
     draft_steps=2,
     max_train_files=12,
     eval_windows=2,
@@ -58,8 +56,8 @@ def test_build_tiny_models(tiny):
     target, draft, tokenizer = tiny.target, tiny.draft, tiny.tokenizer
     assert target.config.vocab_size == draft.config.vocab_size == len(tokenizer) == TINY.vocab_size
     assert target.dtype == draft.dtype == torch.float32 and not target.training
-    assert (target.config.num_hidden_layers, target.config.hidden_size) == (1, 32)
-    assert (draft.config.num_hidden_layers, draft.config.hidden_size) == (1, 16)
+    assert (target.config.num_hidden_layers, target.config.hidden_size) == (2, 32)
+    assert (draft.config.num_hidden_layers, draft.config.hidden_size) == (1, 32)
     code = "def f(x):\n    return x + 1\n"
     assert tokenizer.decode(tokenizer(code)["input_ids"]) == code
     assert tokenizer.eos_token_id == target.config.eos_token_id
@@ -81,6 +79,17 @@ def test_cache_reload_and_determinism(tiny, tmp_path):
     assert state_dicts_equal(fresh.target, tiny.target) and state_dicts_equal(fresh.draft, tiny.draft)
     assert fresh.tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
     assert torch.equal(torch.random.get_rng_state(), rng_state) and torch.get_num_threads() == threads
+
+
+def test_draft_is_cut_from_the_target(tmp_path):
+    models = build_demo_models(tmp_path / "m", settings=TINY, progress=False)
+    # Before distillation (0 steps) the draft equals the target's first layer, embeddings and norm.
+    untrained = build_demo_models(tmp_path / "u", settings=dataclasses.replace(TINY, draft_steps=0), progress=False)
+    target_sd, draft_sd = untrained.target.state_dict(), untrained.draft.state_dict()
+    assert all(torch.equal(draft_sd[k], target_sd[k]) for k in draft_sd)
+    assert models.draft.model.embed_tokens.weight.data_ptr() == models.draft.lm_head.weight.data_ptr()
+    with pytest.raises(ValueError, match="draft_layers=3 must lie in 1..target_layers=2"):
+        dataclasses.replace(TINY, draft_layers=3)
 
 
 def test_seconds_budget_stops_training_early(tmp_path):

@@ -83,7 +83,9 @@ def test_dynamic_tree_stays_ancestor_closed_under_ties():
     flat = lambda tokens, h, vis, lvl: (torch.zeros(*tokens.shape, V), h)  # every score ties
     draft = grow_dynamic_tree(torch.zeros(B, V), torch.zeros(B, 2), flat, depth=4, top_k=3, total_tokens=25)
     _check_tree(draft)
-    certain = lambda tokens, h, vis, lvl: (torch.full((*tokens.shape, V), -1e4).index_fill(-1, torch.tensor([0]), 0.0), h)
+    def certain(tokens, h, vis, lvl):
+        return torch.full((*tokens.shape, V), -1e4).index_fill(-1, torch.tensor([0]), 0.0), h
+
     root = torch.full((B, V), -1e4)
     root[:, 0] = 0.0  # log-prob 0 at every level: a child's score equals its parent's
     _check_tree(grow_dynamic_tree(root, torch.zeros(B, 2), certain, depth=4, top_k=2, total_tokens=7))

@@ -7,7 +7,8 @@ each with negative controls (known-wrong mutants, defined below) that must fail 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, defaultdict
+import random
+from collections import defaultdict
 from typing import Callable
 
 import pytest
@@ -47,6 +48,7 @@ SHAPES = {
     "chain1": chain_parents(1),
     "chain3": chain_parents(3),
     "chain5": chain_parents(5),
+    "2": [-1, 0, 0],
     "2x2": [-1, 0, 0, 1, 1, 2, 2],
     "3-1": [-1, 0, 0, 0, 1],
     "1-3-1": [-1, 0, 1, 1, 1, 2],
@@ -169,7 +171,8 @@ class Case:
     @property
     def id(self) -> str:
         steps = "" if self.max_steps == 1 else "-multistep"
-        return f"{self.verifier.__name__}-{self.scheme.value}-{self.shape}-V{self.vocab}-{self.target}-q_{self.draft}-s{self.seed}{steps}"
+        models = f"V{self.vocab}-{self.target}-q_{self.draft}-s{self.seed}"
+        return f"{self.verifier.__name__}-{self.scheme.value}-{self.shape}-{models}{steps}"
 
 
 def _cases() -> list[Case]:
@@ -196,6 +199,7 @@ def _cases() -> list[Case]:
         Case(verify_tree_iid, IID, "2x2", 4, "topp", "sparse", 83),
         Case(verify_tree_iid, IID, "chain3", 3, "peaky", "other", 84),
         Case(verify_tree_iid, IID, "2x2", 4, "peaky", "onehot", 85),
+        Case(verify_tree_iid, IID, "2", 3, "flat", "other", 86),
     ]
     # Without-replacement trees (RSD / Sequoia).
     cases += [
@@ -205,6 +209,7 @@ def _cases() -> list[Case]:
         Case(verify_tree_without_replacement, WOR, "1-3-1", 3, "topp", "other", 93),
         Case(verify_tree_without_replacement, WOR, "2x2", 4, "peaky", "sparse", 94),
         Case(verify_tree_without_replacement, WOR, "chain3", 3, "flat", "onehot", 95),
+        Case(verify_tree_without_replacement, WOR, "2", 3, "flat", "other", 96),
     ]
     # Several speculative steps in a row (the loop, not just one step followed by plain decoding).
     cases += [
@@ -227,7 +232,7 @@ def enumeration_tv(case: Case, verifier: Callable | None = None, rule: Callable 
     """TV between the exact law of the tokens a speculative loop emits and the target's law."""
     target, drafter = _models(case)
     parents = SHAPES[case.shape]
-    num_tokens = max(len(set(parents)) and max(_depths(parents)) + 1, 2) + (1 if case.max_steps is None else 0)
+    num_tokens = max(max(_depths(parents)) + 1, 2) + (1 if case.max_steps is None else 0)
     law = speculative_law(target, drafter, parents, rule or RULE_FOR[case.scheme], verifier or case.verifier,
                           num_tokens, max_steps=case.max_steps)
     assert abs(sum(law.values()) - 1.0) < 1e-12
@@ -278,7 +283,6 @@ def _batch_law(target, drafter, shapes, rule, verifier, num_tokens=2):
 
     joint = defaultdict(float)
     for rows, prob in exact_distribution(program).items():
-        completions = [{()}]
         laws = [
             {row + tail: pt for tail, pt in target_law(target, num_tokens - len(row), prefix=row).items()}
             if len(row) < num_tokens else {row[:num_tokens]: 1.0}
@@ -321,7 +325,10 @@ def test_batch_rows_with_zero_drafts_follow_target_law(verifier, scheme, shapes,
 
 def test_reference_oracle_agrees_with_library_verifiers():
     # The readable per-row walk (the mutants' base) is itself exact: the mutants differ from it by one bug only.
-    for case in [CASES[4], CASES[50], CASES[55]]:
+    picks = [("verify_tree_deterministic", "2x2"), ("verify_tree_iid", "3-1"),
+             ("verify_tree_without_replacement", "3-1"), ("verify_chain", "chain3")]
+    for name, shape in picks:
+        case = next(c for c in CASES if c.verifier.__name__ == name and c.shape == shape)
         oracle = lambda t, d, s: reference_verify(t, d, s, scheme=d.scheme)  # noqa: E731
         assert enumeration_tv(case, verifier=oracle) < 1e-9
 
@@ -333,7 +340,7 @@ NEGATIVE_CONTROLS = {
                              mutant_resample_from_p, None),
     "forget_to_remove_rejected_sibling": (Case(verify_tree_deterministic, DET, "3-1", 4, "peaky", "other", 12),
                                           mutant_keep_rejected_sibling, None),
-    "wrong_q_for_without_replacement": (Case(verify_tree_without_replacement, WOR, "3-1", 3, "peaky", "other", 90),
+    "wrong_q_for_without_replacement": (Case(verify_tree_without_replacement, WOR, "2", 4, "flat", "other", 93),
                                         mutant_wor_with_fixed_q, None),
     "top_k_drafts_verified_with_draft_softmax": (Case(verify_tree_deterministic, DET, "3-1", 4, "topp", "other", 14),
                                                  mutant_top_k_with_draft_softmax, draft_top_k_with_softmax),
@@ -370,8 +377,8 @@ def _first_two_tokens(target, drafter, parents, rule, verifier, seed):
     tokens, counts = emitted_tokens(draft, verifier(node_probs(target, (), draft), draft, source))
     second = source.categorical(target.probs_batch(tokens[:, :1]))
     second = torch.where(counts >= 2, tokens[:, 1], second)
-    pairs = Counter(zip(tokens[:, 0].tolist(), second.tolist()))
-    return pairs
+    pairs = torch.bincount(tokens[:, 0] * MC_VOCAB + second, minlength=MC_VOCAB**2)
+    return {(a, b): int(pairs[a * MC_VOCAB + b]) for a in range(MC_VOCAB) for b in range(MC_VOCAB)}
 
 
 def mutant_chain_resample_from_p(target_probs, draft, source):
@@ -413,22 +420,23 @@ def test_monte_carlo_chi_square_passes_and_mutant_fails_at_same_n(name):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _random_tree_draft(gen: torch.Generator, batch: int, nodes: int, vocab: int, scheme=DET, absent_rate=0.2):
+def _random_tree_draft(seed: int, batch: int, nodes: int, vocab: int, scheme=DET, absent_rate=0.2):
     """Random breadth-first trees per row (random parents, some absent nodes), random tokens and q."""
-    parents = torch.full((batch, nodes + 1), -1, dtype=torch.long)
-    depths = torch.zeros(batch, nodes + 1, dtype=torch.long)
+    rng = random.Random(seed)
+    parents = [[-1] * (nodes + 1) for _ in range(batch)]
+    depths = [[0] * (nodes + 1) for _ in range(batch)]
     for b in range(batch):
-        alive = [0]
+        alive, lowest = [0], 0
         for i in range(1, nodes + 1):
-            if torch.rand((), generator=gen) < absent_rate:
+            if rng.random() < absent_rate:
                 continue
-            parent = alive[int(torch.randint(len(alive), (), generator=gen))]
-            parent = max(parent, int(parents[b, i - 1]) if parents[b, i - 1] >= 0 else 0)  # keep BFS order
-            parents[b, i], depths[b, i] = parent, depths[b, parent] + 1
+            parent = max(rng.choice(alive), lowest)  # parents never decrease: breadth-first order
+            parents[b][i], depths[b][i], lowest = parent, depths[b][parent] + 1, parent
             alive.append(i)
+    gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(vocab, (batch, nodes), generator=gen)
     probs = None if scheme == DET else torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), -1)
-    return Draft(tokens, parents, depths, probs, scheme)
+    return Draft(tokens, torch.tensor(parents), torch.tensor(depths), probs, scheme)
 
 
 def _argmax_chain(target: ToyLM, prefix, length):
@@ -441,14 +449,15 @@ def _argmax_chain(target: ToyLM, prefix, length):
 def test_greedy_verifier_equals_argmax_chain_on_random_trees():
     gen = torch.Generator().manual_seed(0)
     target = ToyLM(5, 3, peakiness=2.0)
-    for _ in range(20):
-        draft = _random_tree_draft(gen, 6, 7, 5)
-        # make some drafts match the argmax so that paths of several lengths get accepted
-        probs = node_probs(target, (), draft)
-        parents = draft.parents[:, 1:].clamp_min(0)
-        argmax_at_parent = probs.argmax(-1).gather(1, parents)
+    for trial in range(20):
+        draft = _random_tree_draft(trial, 6, 7, 5)
+        # make most drafts match the argmax at their parent, so that paths of every length get accepted
         lucky = torch.rand(draft.tokens.shape, generator=gen) < 0.7
-        draft = draft._replace(tokens=torch.where(lucky, argmax_at_parent, draft.tokens))
+        parents = draft.parents[:, 1:].clamp_min(0)
+        for _ in range(7):  # a node's context depends on its ancestors' tokens: settle level by level
+            argmax_at_parent = node_probs(target, (), draft).argmax(-1).gather(1, parents)
+            draft = draft._replace(tokens=torch.where(lucky, argmax_at_parent, draft.tokens))
+        probs = node_probs(target, (), draft)
         check_draft(draft, 5)
         result = verify_greedy(probs, draft, max_depth=7)
         tokens, counts = emitted_tokens(draft, result)
@@ -459,7 +468,8 @@ def test_greedy_verifier_equals_argmax_chain_on_random_trees():
             best = max((int(draft.depths[b, i]) for i in range(1, 8) if _matches_chain(draft, probs, b, i)),
                        default=0)
             assert int(counts[b]) == best + 1
-        assert torch.equal(result, verify_greedy(probs.log(), draft, max_depth=7))  # logits give the same answer
+        from_logits = verify_greedy(probs.log(), draft, max_depth=7)  # logits give the same answer
+        assert all(torch.equal(a, b) for a, b in zip(result, from_logits))
 
 
 def _matches_chain(draft, probs, b, node):
@@ -483,9 +493,10 @@ def test_greedy_ties_go_to_lowest_id_and_smallest_index():
 def test_zero_probability_tokens_are_never_emitted():
     gen = torch.Generator().manual_seed(1)
     vocab = 12
-    for verifier, scheme in [(verify_chain, IID), (verify_chain, DET), (verify_tree_deterministic, DET),
-                             (verify_tree_iid, IID), (verify_tree_without_replacement, WOR)]:
-        draft = _random_tree_draft(gen, 4000, 6, vocab, scheme, absent_rate=0.0)
+    pairs = [(verify_chain, IID), (verify_chain, DET), (verify_tree_deterministic, DET), (verify_tree_iid, IID),
+             (verify_tree_without_replacement, WOR)]
+    for seed, (verifier, scheme) in enumerate(pairs):
+        draft = _random_tree_draft(seed, 4000, 6, vocab, scheme, absent_rate=0.1)
         if verifier is verify_chain:
             draft = draft._replace(parents=torch.tensor([chain_parents(6)]).expand(4000, -1),
                                    depths=torch.arange(7).expand(4000, -1))
@@ -533,7 +544,7 @@ def test_recovered_token_lies_in_residual_support():
             assert bool((p[torch.arange(len(n)), nxt] > q[torch.arange(len(n)), nxt]).all())
         else:
             assert bool((nxt != x).all()) and bool((p[torch.arange(len(n)), nxt] > 0).all())
-        assert 0.2 < rejected.float().mean() < 0.99  # the check saw many rejections
+        assert int(rejected.sum()) > 1000  # the check saw many rejections
     # Trees of top-k drafts: the token after rejecting every child is none of the rejected children.
     draft = Draft(torch.tensor([[0, 1, 2]]).expand(batch, -1), torch.tensor([[-1, 0, 0, 0]]).expand(batch, -1),
                   torch.tensor([[0, 1, 1, 1]]).expand(batch, -1), None, DET)
@@ -542,11 +553,12 @@ def test_recovered_token_lies_in_residual_support():
 
 
 def _all_verifier_inputs(gen, batch=8, vocab=50):
-    """One (target_probs, draft) per stochastic verifier, at V = 50."""
+    """One (target_probs, draft) per stochastic verifier."""
     out = []
-    for verifier, scheme in [(verify_chain, IID), (verify_tree_deterministic, DET), (verify_tree_iid, IID),
-                             (verify_tree_without_replacement, WOR), (verify_typical, DET)]:
-        draft = _random_tree_draft(gen, batch, 6, vocab, scheme)
+    for seed, (verifier, scheme) in enumerate([(verify_chain, IID), (verify_tree_deterministic, DET),
+                                               (verify_tree_iid, IID), (verify_tree_without_replacement, WOR),
+                                               (verify_typical, DET)]):
+        draft = _random_tree_draft(seed, batch, 6, vocab, scheme)
         if verifier is verify_chain:
             draft = draft._replace(parents=torch.tensor([chain_parents(6)]).expand(batch, -1),
                                    depths=torch.arange(7).expand(batch, -1))
@@ -595,7 +607,7 @@ def test_predrawn_noise_replays_a_generator_exactly():
 
 def test_seeded_generator_gives_identical_results_across_20_repetitions():
     gen = torch.Generator().manual_seed(8)
-    for verifier, target_probs, draft in _all_verifier_inputs(gen, batch=8, vocab=1000):
+    for verifier, target_probs, draft in _all_verifier_inputs(gen, batch=8, vocab=300):
         runs = [verifier(target_probs, draft, torch.Generator().manual_seed(1234)) for _ in range(20)]
         assert all(all(torch.equal(a, b) for a, b in zip(runs[0], run)) for run in runs[1:]), verifier.__name__
 

@@ -133,18 +133,40 @@ class StaticTree:
         return self.tree.max_depth
 
     def plan(self, depth: int, device) -> _StaticPlan:
-        """The tree pruned to ``depth`` levels, laid out per level (built once per depth and device)."""
+        """The tree pruned to ``depth`` levels, laid out per level (built once per depth and device).
+
+        Args:
+            depth: levels to keep (``Tree.prune``).
+            device: where the index tensors live.
+
+        Returns:
+            The cached per-level layout (node indices, top-k widths, expanded nodes, scratch visibility).
+        """
         key = (depth, str(device))
         if key not in self._plans:
             self._plans[key] = _build_plan(self.tree.prune(depth), torch.device(device))
         return self._plans[key]
 
     def scratch_slots(self, depth: int) -> int:
-        """Head KV slots written per step (nodes with children above the last level)."""
+        """Head KV slots written per step (nodes with children above the last level).
+
+        Args:
+            depth: levels drafted.
+
+        Returns:
+            The number of scratch slots.
+        """
         return self.plan(depth, "cpu").num_expanded
 
     def num_forwards(self, depth: int) -> int:
-        """Head forwards per step beyond the root's."""
+        """Head forwards per step beyond the root's.
+
+        Args:
+            depth: levels drafted.
+
+        Returns:
+            One per level that has children.
+        """
         return len(self.plan(depth, "cpu").expanded)
 
     def _children(self, logits, width, parent_pos, ranks, to_target, sampling, source, vocab_size):

@@ -254,11 +254,25 @@ class DynamicTree:
         return self.depth
 
     def scratch_slots(self, depth: int) -> int:
-        """Head KV slots the expansion writes for a tree of ``depth`` levels (frontiers of levels 1..D-1)."""
+        """Head KV slots the expansion writes for a tree of ``depth`` levels (frontiers of levels 1..D-1).
+
+        Args:
+            depth: levels drafted.
+
+        Returns:
+            ``(depth - 1) * top_k``.
+        """
         return max(depth - 1, 0) * self.top_k
 
     def num_forwards(self, depth: int) -> int:
-        """Head forwards per step beyond the root's (one per expanded level)."""
+        """Head forwards per step beyond the root's (one per expanded level).
+
+        Args:
+            depth: levels drafted.
+
+        Returns:
+            ``depth - 1``.
+        """
         return max(depth - 1, 0)
 
     def grow(self, root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,

@@ -39,6 +39,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = [
     "EagleConfig",
@@ -225,12 +226,18 @@ class _RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+_INV_FREQ: dict = {}
+
+
 def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     # Non-interleaved (rotate-half) RoPE, as HF Llama: angle_j = pos * theta^(-2j / head_dim).
-    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
-    angles = (positions.float() / factor)[..., None] * inv_freq
+    key = (head_dim, theta, factor, str(positions.device))
+    inv_freq = _INV_FREQ.get(key)
+    if inv_freq is None:
+        exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+        inv_freq = _INV_FREQ[key] = 1.0 / (theta ** exponents) / factor
+    angles = positions.float()[..., None] * inv_freq
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, hd]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -336,11 +343,17 @@ class HeadCache(NamedTuple):
         return self.keys.shape[3]
 
 
+# cuDNN's SDPA builds an execution plan per new shape (measured: ~13 ms of CPU per call on an H200, torch 2.11),
+# and a drafting head's key length changes every step: keep to the backends that need no per-shape plan.
+_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     gqa = q.shape[1] != k.shape[1]
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    with sdpa_kernel(_BACKENDS):
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 # --------------------------------------------------------------------------------------------------------

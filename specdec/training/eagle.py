@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from ..eagle.checkpoints import save_eagle_head
 from ..eagle.heads import Eagle1Head, Eagle3Head, target_dims
 
-__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "token_stream", "ttt_forward", "train_eagle1", "train_eagle3"]
+__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "token_stream", "ttt_forward", "train_eagle1",
+           "train_eagle3"]
 
 
 class TrainRecord(NamedTuple):
@@ -245,8 +246,10 @@ def train_eagle1(target, data, *, tokenizer=None, head: Eagle1Head | None = None
 
     .. math::
         \\mathcal{L} = w_f\\, \\mathrm{SmoothL1}(\\hat f_{t+1}, f_{t+1})
-        + w_p\\, \\mathrm{CE}(p_{target}(\\cdot \\mid x_{\\le t+1}),\\ \\mathrm{softmax}(\\mathrm{lm\\_head}(\\hat f_{t+1}))),
-        \\qquad \\hat f_{t+1} = \\mathrm{head}(f_t + u, x_{t+1}),\\ u \\sim U(-\\tfrac{s}{2}, \\tfrac{s}{2}) \\cdot 512 / T
+        + w_p\\, \\mathrm{CE}(p_{target}(\\cdot \\mid x_{\\le t+1}),
+        \\ \\mathrm{softmax}(\\mathrm{lm\\_head}(\\hat f_{t+1}))),
+        \\qquad \\hat f_{t+1} = \\mathrm{head}(f_t + u, x_{t+1}),
+        \\ u \\sim U(-\\tfrac{s}{2}, \\tfrac{s}{2}) \\cdot 512 / T
 
     Args:
         target: any HF causal LM (frozen; runs under ``no_grad``); the head is trained on its device.
@@ -392,7 +395,8 @@ def train_eagle3(target, data, *, tokenizer=None, head: Eagle3Head | None = None
 
     .. math::
         \\mathcal{L} = \\sum_{i=0}^{S-1} \\lambda^i\\,
-        \\frac{\\sum_t m_{i,t}\\, \\mathrm{CE}(\\mathrm{softmax}(z^{target}_{t+1+i}[\\mathrm{draft\\ vocab}]),\\ q_{i,t})}
+        \\frac{\\sum_t m_{i,t}\\, \\mathrm{CE}(\\mathrm{softmax}(z^{target}_{t+1+i}[\\mathrm{draft\\ vocab}]),
+        \\ q_{i,t})}
         {\\sum_t m_{i,t}}
 
     with ``m`` masking positions whose target argmax lies outside the draft vocabulary (as the authors).
