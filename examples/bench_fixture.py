@@ -58,7 +58,9 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--draft-k", type=int, nargs="+", default=[4, 6])
     ap.add_argument("--lookup-k", type=int, default=10)
-    ap.add_argument("--eagle", action="append", default=[], help="NAME=PATH of a trained EAGLE head")
+    ap.add_argument("--eagle", action="append", default=[],
+                    help="RECIPE=PATH of a trained EAGLE head, RECIPE one of eagle1 (static tree), eagle2 "
+                         "(dynamic tree), eagle3 (EAGLE-3 head, dynamic tree)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--max-seconds", type=float, default=None, help="time budget of the timed loop")
@@ -85,11 +87,13 @@ def main(argv=None):
             target, lambda k=k: sd.DraftModelDrafter(draft, num_drafts=k), n)
     methods[f"specdec prompt lookup K={args.lookup_k}"] = bench.specdec_method(
         target, lambda: sd.PromptLookupDrafter(num_drafts=args.lookup_k), n)
-    for spec in args.eagle:
-        name, path = spec.split("=", 1)
-        from specdec.eagle import load_eagle_drafter  # noqa: WPS433
+    from specdec import eagle
 
-        methods[name] = bench.specdec_method(target, lambda path=path: load_eagle_drafter(path, target), n)
+    for spec in args.eagle:
+        recipe, path = spec.split("=", 1)
+        make = {"eagle1": eagle.eagle1, "eagle2": eagle.eagle2, "eagle3": eagle.eagle3}[recipe]
+        head = eagle.load_eagle_head(path, target, dtype=dtype, device=args.device)
+        methods[f"specdec {recipe.upper()}"] = bench.specdec_method(target, lambda make=make, head=head: make(head), n)
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, baseline=next(iter(methods)), max_seconds=args.max_seconds,
                                       log=log)

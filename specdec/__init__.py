@@ -9,12 +9,12 @@ A flat public API::
 Submodules: ``sd.trees``, ``sd.masks``, ``sd.sampling``, ``sd.verify``, ``sd.drafters``, ``sd.eagle``,
 ``sd.schedule``, ``sd.adapter``, ``sd.testing``, ``sd.training``, ``sd.bench``.
 """
-from . import adapter, drafters, masks, sampling, schedule, testing, trees, verify
+from . import adapter, drafters, eagle, masks, sampling, schedule, testing, training, trees, verify
 from .adapter import ModelAdapter
 from .drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from .generate import GenerateOutput, GenerationStats, generate
 from .masks import causal_mask_with_padding, prefix_valid_from_lengths, tree_attention_mask, tree_positions
-from .sampling import PredrawnNoise, TorchSource, process_logits
+from .sampling import PredrawnNoise, RandomSource, TorchSource, as_source, process_logits
 from .schedule import Schedule, make_schedule
 from .trees import Tree, chain_tree, compile_tree
 from .types import Draft, DraftScheme, SamplingParams, VerifyResult
@@ -32,10 +32,10 @@ __all__ = [
     "Tree", "compile_tree", "chain_tree", "tree_attention_mask", "tree_positions", "causal_mask_with_padding",
     "prefix_valid_from_lengths",
     # sampling and verification
-    "process_logits", "TorchSource", "PredrawnNoise", "select_verifier", "verify_greedy", "verify_chain",
+    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "as_source", "select_verifier", "verify_greedy", "verify_chain",
     "verify_tree_deterministic", "verify_tree_iid", "verify_tree_without_replacement", "verify_typical",
     # drafters and schedules
     "DraftModelDrafter", "PromptLookupDrafter", "Schedule", "make_schedule",
     # submodules
-    "adapter", "drafters", "masks", "sampling", "schedule", "testing", "trees", "verify",
+    "adapter", "drafters", "eagle", "masks", "sampling", "schedule", "testing", "training", "trees", "verify",
 ]

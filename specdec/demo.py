@@ -23,6 +23,7 @@ Run ``python -m specdec.demo`` (or ``python examples/demo.py``); see :func:`main
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -78,7 +79,8 @@ class DemoSettings:
         target_steps, target_lr: AdamW steps and peak learning rate for the target (cross-entropy on the data).
         draft_layers: decoder layers of the draft, copied from the target's first layers.
         draft_steps, draft_lr: AdamW steps and peak learning rate for distilling the draft (KL from the target).
-        max_train_files: use only the first this many training files (sorted by path); ``None`` for all.
+        max_train_files: use only the first this many training files (in :func:`stdlib_files` order); ``None``
+            for all.
         eval_windows: held-out windows the reported losses are averaged over.
         num_threads: torch CPU threads while building (restored afterwards).
     """
@@ -183,8 +185,31 @@ class DemoModels(NamedTuple):
     report: DemoReport
 
     def heldout_prompts(self, n: int, prompt_tokens: int = 256, *, seed: int = 0) -> list[DemoPrompt]:
-        """:func:`heldout_prompts` on this demo's held-out files and tokenizer."""
+        """:func:`heldout_prompts` cut from this demo's held-out files, counted with its tokenizer.
+
+        Args:
+            n: how many prompts.
+            prompt_tokens: the most tokens a prompt may have.
+            seed: orders the files and ``def`` lines.
+
+        Returns:
+            A list of :class:`DemoPrompt`.
+        """
         return heldout_prompts(n, prompt_tokens, tokenizer=self.tokenizer, files=self.heldout_files, seed=seed)
+
+
+@contextlib.contextmanager
+def _hf_progress_bars_off():
+    """Silence transformers' own load/save progress bars for a moment (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,7 +236,8 @@ def stdlib_files(root: str | os.PathLike | None = None) -> tuple[list[str], list
             test suites (``test``, ``tests``, ``idle_test``), ``encodings`` and ``pydoc_data`` are skipped.
 
     Returns:
-        ``(train_files, heldout_files)``, absolute paths sorted by path.
+        ``(train_files, heldout_files)``, absolute paths in a deterministic walk order (a directory's files
+        by name, then its subdirectories by name).
     """
     root = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
@@ -477,9 +503,10 @@ def build_demo_models(
     report_path = path / "report.json"
 
     if report_path.is_file():
-        target = LlamaForCausalLM.from_pretrained(path / "target", dtype=torch.float32).eval()
-        draft = LlamaForCausalLM.from_pretrained(path / "draft", dtype=torch.float32).eval()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
+        with _hf_progress_bars_off():
+            target = LlamaForCausalLM.from_pretrained(path / "target", dtype=torch.float32).eval()
+            draft = LlamaForCausalLM.from_pretrained(path / "draft", dtype=torch.float32).eval()
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
         saved = json.loads(report_path.read_text())
         if saved.pop("cache_key", key) != key:
             raise ValueError(
@@ -562,9 +589,10 @@ def _save(path: Path, target, draft, tokenizer, report: DemoReport, key: str) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    target.save_pretrained(tmp / "target")
-    draft.save_pretrained(tmp / "draft")
-    tokenizer.save_pretrained(tmp / "tokenizer")
+    with _hf_progress_bars_off():
+        target.save_pretrained(tmp / "target")
+        draft.save_pretrained(tmp / "draft")
+        tokenizer.save_pretrained(tmp / "tokenizer")
     saved = report._asdict()
     del saved["cache_dir"], saved["from_cache"]
     saved["cache_key"] = key
@@ -671,27 +699,23 @@ def _trim_to_tokens(text: str, max_tokens: int, count) -> str | None:
 def _load_pretrained(name: str, device: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    with _hf_progress_bars_off():
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
 
 
-def _run_method(generate, target, prompts_ids, *, drafter, num_drafts, max_new_tokens, eos, device):
-    """Decode each prompt alone (batch 1); returns (outputs, new tokens, seconds, target forwards)."""
-    outputs, new_tokens, seconds, forwards = [], 0, 0.0, 0
-    for ids in prompts_ids:
-        input_ids = torch.tensor([ids], device=device)
-        kwargs = {} if drafter is None else {"drafter": drafter, "num_drafts": num_drafts}
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos, **kwargs)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - t0
-        generated = out.sequences[0, input_ids.shape[1] :].tolist()
-        outputs.append(generated)
-        new_tokens += len(generated)
-        forwards += int(out.stats.num_target_forwards)
-    return outputs, new_tokens, seconds, forwards
+def _decode(generate, target, ids: list[int], drafter, num_drafts, max_new_tokens: int, eos, device: str):
+    """Decode one prompt (batch 1); returns (new tokens, seconds, target forwards)."""
+    input_ids = torch.tensor([ids], device=device)
+    kwargs = {} if drafter is None else {"drafter": drafter, "num_drafts": num_drafts}
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = generate(target, input_ids, max_new_tokens=max_new_tokens, eos_token_id=eos, **kwargs)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    new = out.sequences[0, input_ids.shape[1] : input_ids.shape[1] + int(out.num_new_tokens[0])].tolist()
+    return new, seconds, int(out.stats.num_target_forwards)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -763,11 +787,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     lookup = PromptLookupDrafter(num_drafts=args.lookup_drafts)
     methods.append((f"prompt lookup (K={args.lookup_drafts})", lookup, args.lookup_drafts))
 
-    common = dict(max_new_tokens=args.max_new_tokens, eos=eos, device=args.device)
     # Warm-up: one short run per method, so first-call costs are not timed.
-    warm = {**common, "max_new_tokens": 8}
     for _, drafter, k in methods:
-        _run_method(generate, target, prompts_ids[:1], drafter=drafter, num_drafts=k, **warm)
+        _decode(generate, target, prompts_ids[0], drafter, k, 8, eos, args.device)
+    # Methods take turns on each prompt, so a slowdown of a shared machine hits them all alike.
+    outputs = [[] for _ in methods]
+    totals = [[0, 0.0, 0] for _ in methods]  # new tokens, seconds, target forwards
+    for ids in prompts_ids:
+        for i, (_, drafter, k) in enumerate(methods):
+            new, seconds, forwards = _decode(generate, target, ids, drafter, k, args.max_new_tokens, eos, args.device)
+            outputs[i].append(new)
+            totals[i][0] += len(new)
+            totals[i][1] += seconds
+            totals[i][2] += forwards
 
     print(
         f"\n{len(prompts)} held-out prompts (<= {args.prompt_tokens} tokens), {args.max_new_tokens} new tokens, "
@@ -776,23 +808,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = f"{'method':<24} {'tau':>6} {'tokens/s':>9} {'speedup':>8}  identical to plain"
     print(header)
     print("-" * len(header))
-    baseline: list[list[int]] | None = None
-    base_rate = 0.0
+    base_rate = totals[0][0] / totals[0][1]
     all_identical = True
     sps_speedup = None
-    for name, drafter, k in methods:
-        outputs, new_tokens, seconds, forwards = _run_method(
-            generate, target, prompts_ids, drafter=drafter, num_drafts=k, **common
-        )
+    for (name, _, _), out, (new_tokens, seconds, forwards) in zip(methods, outputs, totals):
         rate = new_tokens / seconds if seconds > 0 else float("nan")
         tau = new_tokens / forwards if forwards else float("nan")
-        if baseline is None:
-            baseline, base_rate = outputs, rate
+        if out is outputs[0]:
             identical = "(reference)"
         else:
-            same = sum(a == b for a, b in zip(outputs, baseline))
-            all_identical &= same == len(baseline)
-            identical = "yes" if same == len(baseline) else f"NO ({same}/{len(baseline)} prompts)"
+            same = sum(a == b for a, b in zip(out, outputs[0]))
+            all_identical &= same == len(out)
+            identical = "yes" if same == len(out) else f"NO ({same}/{len(out)} prompts)"
         print(f"{name:<24} {tau:>6.2f} {rate:>9.1f} {rate / base_rate:>7.2f}x  {identical}")
         if name.startswith("draft model"):
             sps_speedup = rate / base_rate
@@ -805,7 +832,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     sample = prompts[0].prompt.splitlines()[-3:]
     print("\nsample (plain greedy), prompt tail then completion:\n" + "\n".join(sample), end="")
-    print(tokenizer.decode(baseline[0]))
+    print(tokenizer.decode(outputs[0][0]))
     return 0 if all_identical else 1
 
 

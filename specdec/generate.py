@@ -277,14 +277,15 @@ def generate(
         out, pending = adapter.forward(cache, tokens, tree_parents, cache.lengths[:, None] + draft.depths, present)
         clock.tick("target")
         # 5. Verify: the accepted path, its length and the next (bonus or recovered) token per row.
+        depth = k if draft.num_nodes else 0  # drafts never go deeper than K: no sync to find the depth
         if verifier is not None:
             target_in = out.logits.float() if params.is_greedy else process_logits(out.logits.float(), params)
             result = verifier(target_in, draft) if params.is_greedy else verifier(target_in, draft, source)
         elif params.is_greedy:
-            result = verify_greedy(out.logits, draft)
+            result = verify_greedy(out.logits, draft, max_depth=depth)
         else:
             result = select_verifier(draft.scheme, params)(process_logits(out.logits.float(), params), draft,
-                                                            source)
+                                                            source, max_depth=depth)
         path = result.accepted_nodes
         path_tokens = tokens.gather(1, path.clamp(min=0))
         emitted = torch.cat([path_tokens[:, 1:], path_tokens[:, :1]], 1)

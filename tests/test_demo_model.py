@@ -79,6 +79,8 @@ def test_cache_reload_and_determinism(tiny, tmp_path):
     assert state_dicts_equal(fresh.target, tiny.target) and state_dicts_equal(fresh.draft, tiny.draft)
     assert fresh.tokenizer.get_vocab() == tiny.tokenizer.get_vocab()
     assert torch.equal(torch.random.get_rng_state(), rng_state) and torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match="holds demo models built with other settings"):
+        build_demo_models(tiny.report.cache_dir, settings=TINY, seed=1, progress=False)
 
 
 def test_draft_is_cut_from_the_target(tmp_path):
@@ -143,7 +145,7 @@ def test_prompt_cutter_ends_at_a_def_line(tmp_path):
     assert len(prompts) == 9 and len({p.source for p in prompts[:3]}) == 3
     for p in prompts:
         assert isinstance(p, DemoPrompt)
-        text = open(p.source if p.source.startswith("/") else next(f for f in files if f.endswith(p.source))).read()
+        text = open(p.source).read()
         assert p.prompt + p.reference in text and len(p.reference) <= 40
         last_line = p.prompt.rsplit("\n", 1)[-1]
         assert re.match(r"\s*(async\s+)?def \w+\(.*\).*:$", last_line)
@@ -152,10 +154,11 @@ def test_prompt_cutter_ends_at_a_def_line(tmp_path):
         start = text.index(p.prompt + p.reference)
         assert start == 0 or text[start - 1] == "\n"
     assert len(heldout_prompts(2, 12, tokenizer=tokenizer, files=files, min_prompt_tokens=1)) == 2
-    # A prompt must keep at least min_prompt_tokens of context.
-    assert heldout_prompts(5, 3, tokenizer=tokenizer, files=files, min_prompt_tokens=3) == [] or all(
-        len(p.prompt.split()) >= 3 for p in heldout_prompts(5, 3, tokenizer=tokenizer, files=files, min_prompt_tokens=3)
-    )
+    # A def line longer than prompt_tokens cannot be a prompt.
+    assert heldout_prompts(5, 2, tokenizer=tokenizer, files=files) == []
+    # A prompt keeps at least min_prompt_tokens tokens.
+    short = heldout_prompts(9, 12, tokenizer=tokenizer, files=files, min_prompt_tokens=10)
+    assert short and all(10 <= len(p.prompt.split()) <= 12 for p in short)
     with pytest.raises(ValueError, match="n and prompt_tokens must be >= 1"):
         heldout_prompts(0, 12, tokenizer=tokenizer, files=files)
 

@@ -52,8 +52,9 @@ class ProposeRequest(NamedTuple):
     Attributes:
         roots: Shape ``[B]`` int64, the root token of each row (node 0 of the tree).
         root_positions: Shape ``[B]`` int64, the position id of the root.
-        num_drafts: ``K`` from the schedule: the chain length, or for tree drafters the depth bound. ``0``
-            never reaches a drafter (the step is plain decoding).
+        num_drafts: ``K`` from the schedule: the chain length, or for tree drafters the depth bound. A draft
+            must never be deeper than ``K`` (the verifiers rely on it). ``0`` never reaches a drafter (the step
+            is plain decoding).
         sampling: the sampling parameters of the run (drafters that sample apply them to their own logits).
         generator: the randomness of the run; drafters never use the global RNG.
         active: Shape ``[B]`` bool, rows still generating (a drafter may skip work for finished rows).

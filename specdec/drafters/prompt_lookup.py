@@ -116,6 +116,7 @@ def find_ngram_continuations(
         else:
             where = torch.where(matches, window_starts, num_windows).amin(dim=1)
         start = torch.where(found, where + n, start)
+        # Host sync (one per n): skip the shorter n-grams once every row has matched.
         if bool((start >= 0).all()):
             break
     counts = torch.where(start >= 0, (lengths - start).clamp(max=num_tokens), 0)
@@ -282,6 +283,7 @@ class PromptLookupDrafter:
             most_recent=self.most_recent,
         )
         counts = torch.where(request.active.to(counts.device), counts, 0)
+        # Host sync: the draft's width (the longest proposal) sizes the tensors the target runs.
         width = int(counts.max()) if batch else 0
         return _chain_draft(tokens[:, :width], counts), state
 
