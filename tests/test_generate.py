@@ -204,3 +204,25 @@ def test_seeded_sampling_is_reproducible():
                      temperature=1.0, max_new_tokens=12, generator=torch.Generator().manual_seed(5)).sequences
             for _ in range(3)]
     assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
+def test_streamer_receives_the_prompt_then_exactly_the_emitted_tokens():
+    model = tiny_model("llama")
+    ids, mask = _prompts(1)
+
+    class Recorder:  # the HF streamer interface: put(tensor) then end()
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    rec = Recorder()
+    out = generate(model, ids, attention_mask=mask, drafter=DraftModelDrafter(copy.deepcopy(model), 4),
+                   max_new_tokens=11, streamer=rec)
+    assert rec.chunks[0] == ids[0].tolist() and rec.ended
+    assert sum(rec.chunks[1:], []) == out.sequences[0, ids.shape[1]:].tolist()
+    assert len(rec.chunks) - 1 < 11, "speculative steps stream several tokens at once"
