@@ -704,7 +704,7 @@ def _load_pretrained(name: str, device: str, dtype: torch.dtype):
 
 
 def _decode(generate, target, ids: list[int], drafter, num_drafts, max_new_tokens: int, eos, device: str):
-    """Decode one prompt (batch 1); returns (new tokens, seconds, target forwards)."""
+    """Decode one prompt (batch 1); returns (new tokens, seconds, (tokens emitted by steps, steps))."""
     input_ids = torch.tensor([ids], device=device)
     kwargs = {} if drafter is None else {"drafter": drafter, "num_drafts": num_drafts}
     if device.startswith("cuda"):
@@ -715,7 +715,7 @@ def _decode(generate, target, ids: list[int], drafter, num_drafts, max_new_token
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     new = out.sequences[0, input_ids.shape[1] : input_ids.shape[1] + int(out.num_new_tokens[0])].tolist()
-    return new, seconds, int(out.stats.num_target_forwards)
+    return new, seconds, (out.stats.tau * out.stats.num_steps, out.stats.num_steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -723,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Without ``--model`` the demo target and draft are trained (or loaded from the cache) by
     :func:`build_demo_models`. Each method decodes the same prompts greedily at batch 1; the table shows tau
-    (tokens per target forward), tokens/s, the speedup over plain decoding, and whether every output is
+    (tokens emitted per verification forward), tokens/s, the speedup over plain decoding, and whether every output is
     token-identical to plain greedy decoding.
 
     Args:
@@ -792,14 +792,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _decode(generate, target, prompts_ids[0], drafter, k, 8, eos, args.device)
     # Methods take turns on each prompt, so a slowdown of a shared machine hits them all alike.
     outputs = [[] for _ in methods]
-    totals = [[0, 0.0, 0] for _ in methods]  # new tokens, seconds, target forwards
+    totals = [[0, 0.0, 0.0, 0] for _ in methods]  # new tokens, seconds, tokens emitted by steps, steps
     for ids in prompts_ids:
         for i, (_, drafter, k) in enumerate(methods):
-            new, seconds, forwards = _decode(generate, target, ids, drafter, k, args.max_new_tokens, eos, args.device)
+            new, seconds, (step_tokens, steps) = _decode(generate, target, ids, drafter, k, args.max_new_tokens,
+                                                         eos, args.device)
             outputs[i].append(new)
             totals[i][0] += len(new)
             totals[i][1] += seconds
-            totals[i][2] += forwards
+            totals[i][2] += step_tokens
+            totals[i][3] += steps
 
     print(
         f"\n{len(prompts)} held-out prompts (<= {args.prompt_tokens} tokens), {args.max_new_tokens} new tokens, "
@@ -811,9 +813,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_rate = totals[0][0] / totals[0][1]
     all_identical = True
     sps_speedup = None
-    for (name, _, _), out, (new_tokens, seconds, forwards) in zip(methods, outputs, totals):
+    for (name, _, _), out, (new_tokens, seconds, step_tokens, steps) in zip(methods, outputs, totals):
         rate = new_tokens / seconds if seconds > 0 else float("nan")
-        tau = new_tokens / forwards if forwards else float("nan")
+        tau = step_tokens / steps if steps else float("nan")
         if out is outputs[0]:
             identical = "(reference)"
         else:
@@ -823,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name:<24} {tau:>6.2f} {rate:>9.1f} {rate / base_rate:>7.2f}x  {identical}")
         if name.startswith("draft model"):
             sps_speedup = rate / base_rate
-    print("\ntau: tokens emitted per target forward (prefill included); speedup: tokens/s over plain decoding.")
+    print("\ntau: tokens emitted per verification forward (the EAGLE/Medusa convention); speedup: tokens/s over plain decoding.")
     if sps_speedup is not None and sps_speedup < 1.0 and not args.device.startswith("cuda"):
         print(
             "Models this small are overhead-bound on a CPU: a draft forward costs nearly as much as a target\n"

@@ -10,19 +10,10 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.generate import generate
 from tiny_models import tiny_model
+from tiny_models import noisy_copy as _noisy_copy
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt_neox", "phi3"]
 TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
-
-
-def _noisy_copy(model, noise: float, seed: int = 0):
-    """A draft that agrees with the target often but not always."""
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp(min=1e-3))
-    return draft
 
 
 def _prompts(batch: int, seed: int = 0):

@@ -1,20 +1,22 @@
 """End to end at T > 0: the law of the first generated tokens of a tiny HF model, sampled through
 ``generate()`` with each drafter, equals the model's exactly enumerated law (chi-square test with a stated
 power); a mutant verifier fails the same test at the same sample count."""
-import copy
 import itertools
 
 import pytest
 import torch
 import transformers
 
+from specdec import eagle
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.generate import generate
 from specdec.sampling import process_logits
 from specdec.testing import chi_square_test, detectable_tv
+from specdec.training import build_draft_vocab
 from specdec.types import SamplingParams
 from specdec.verify import verify_chain
+from tiny_models import noisy_copy
 
 V = 6  # vocabulary
 NUM_TOKENS = 3  # the law of (x1, x2, x3): 216 outcomes; x2, x3 come out of one speculative step
@@ -27,19 +29,14 @@ TREE = [(0,), (1,), (0, 0), (1, 0), (0, 1)]
 
 
 def _model(seed: int, base=None, noise: float = 0.0):
-    if base is None:
-        cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-        torch.manual_seed(seed)
-        m = transformers.LlamaForCausalLM(cfg).eval()
-        with torch.no_grad():
-            m.lm_head.weight.mul_(60.0)  # non-uniform, position- and prefix-dependent laws
-        return m
-    m = copy.deepcopy(base)
-    g = torch.Generator().manual_seed(seed)
+    if base is not None:
+        return noisy_copy(base, noise, seed)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    m = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp(min=1e-3))
+        m.lm_head.weight.mul_(60.0)  # non-uniform, position- and prefix-dependent laws
     return m
 
 
@@ -61,10 +58,12 @@ def _exact_law(model, params: SamplingParams) -> dict:
 
 def _sampled_counts(drafter, params: SamplingParams, seed: int, verifier=None) -> dict:
     ids = PROMPT.expand(N, -1).contiguous()
-    out = generate(TARGET, ids, drafter=drafter, max_new_tokens=NUM_TOKENS, temperature=params.temperature,
+    # Two tokens past the measured ones, so that the first speculative step drafts to full depth (the loop never
+    # drafts past the token budget); the law of the first NUM_TOKENS tokens is the same.
+    out = generate(TARGET, ids, drafter=drafter, max_new_tokens=NUM_TOKENS + 2, temperature=params.temperature,
                    top_k=params.top_k, top_p=params.top_p, generator=torch.Generator().manual_seed(seed),
                    verifier=verifier)
-    new = out.sequences[:, PROMPT.shape[1]:]
+    new = out.sequences[:, PROMPT.shape[1]:PROMPT.shape[1] + NUM_TOKENS]
     counts = {}
     for row in map(tuple, new.tolist()):
         counts[row] = counts.get(row, 0) + 1
@@ -81,7 +80,23 @@ DRAFTERS = {
     "draft_model_tree_topk": lambda: DraftModelDrafter(_model(4, TARGET, 0.5), num_drafts=2, tree=TREE,
                                                        mode="topk"),
     "prompt_lookup": lambda: PromptLookupDrafter(max_ngram_size=2, num_drafts=3),
+    "eagle1_static_topk_tree": lambda: eagle.eagle1(_eagle1_head(), tree=TREE),
+    "eagle1_sampled_tree": lambda: eagle.EagleDrafter(_eagle1_head(), eagle.SampledTree(TREE)),
+    "eagle2_dynamic_tree": lambda: eagle.eagle2(_eagle1_head(), total_tokens=8, depth=2, top_k=3),
+    "eagle3_reduced_vocab": lambda: eagle.eagle3(_eagle3_head(), total_tokens=8, depth=2, top_k=2),
 }
+
+
+def _eagle1_head():
+    torch.manual_seed(5)
+    return eagle.Eagle1Head.from_target(TARGET)
+
+
+def _eagle3_head():
+    torch.manual_seed(6)
+    # a reduced draft vocabulary: 4 of the 6 target tokens (d2t / t2d map it back)
+    d2t_t2d = build_draft_vocab(torch.tensor([5.0, 9.0, 1.0, 7.0, 3.0, 8.0]), 4)
+    return eagle.Eagle3Head.from_target(TARGET, draft_vocab=d2t_t2d, feature_layers=(0, 1, 2))
 
 
 def test_stated_power_detects_total_variation_of_three_hundredths():

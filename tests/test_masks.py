@@ -30,23 +30,9 @@ from specdec.trees import (
     retrieve_paths,
     validate_parents,
 )
+from tiny_models import random_forest
 
 DTYPES = [torch.bool, torch.float32, torch.float16, torch.bfloat16]
-
-
-def random_forest(rng, batch, num_nodes, p_absent=0.3):
-    """Parents [B, N + 1]: each row its own random tree, absent nodes (-1) anywhere after the root."""
-    rows = []
-    for _ in range(batch):
-        parents, present = [-1], [0]
-        for i in range(1, num_nodes + 1):
-            if rng.random() < p_absent:
-                parents.append(-1)
-            else:
-                parents.append(rng.choice(present))
-                present.append(i)
-        rows.append(parents)
-    return torch.tensor(rows)
 
 
 def random_prefix_valid(gen, batch, length):

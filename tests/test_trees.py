@@ -21,6 +21,7 @@ from specdec.trees import (
     retrieve_paths,
     validate_parents,
 )
+from tiny_models import random_forest
 
 # ---- independent references (written from the research notes, not from the module) ----------------------
 
@@ -85,21 +86,6 @@ def full_tree(width, depth):
         level = [p + (r,) for p in level for r in range(width)]
         out += level
     return out
-
-
-def random_forest(rng, batch, num_nodes, p_absent=0.3):
-    """Parents [B, N + 1] with each row its own tree and absent nodes (-1) interleaved anywhere."""
-    rows = []
-    for _ in range(batch):
-        parents, present = [-1], [0]
-        for i in range(1, num_nodes + 1):
-            if rng.random() < p_absent:
-                parents.append(-1)
-            else:
-                parents.append(rng.choice(present))
-                present.append(i)
-        rows.append(parents)
-    return torch.tensor(rows)
 
 
 PRESET_COUNTS = {

@@ -1,5 +1,8 @@
-"""Tiny HF causal LMs built from configs (nothing downloaded), shared by the tests."""
+"""Shared test fixtures: tiny HF causal LMs built from configs (nothing downloaded), noisy draft copies,
+random per-row tree forests."""
 from __future__ import annotations
+
+import copy
 
 import torch
 import transformers
@@ -38,3 +41,28 @@ def tiny_model(arch: str = "llama", seed: int = 0, attn: str = "sdpa", *, layers
                 raise ValueError("tied embeddings: scale would change inputs too")
             out.weight.mul_(scale)
     return model.eval()
+
+
+def noisy_copy(model: torch.nn.Module, noise: float, seed: int = 0) -> torch.nn.Module:
+    """A draft that agrees with ``model`` often but not always: its weights plus relative Gaussian noise."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp(min=1e-3))
+    return draft
+
+
+def random_forest(rng, batch: int, num_nodes: int, p_absent: float = 0.3) -> torch.Tensor:
+    """Parents ``[B, N + 1]``: each row its own random tree, absent nodes (-1) anywhere after the root."""
+    rows = []
+    for _ in range(batch):
+        parents, present = [-1], [0]
+        for i in range(1, num_nodes + 1):
+            if rng.random() < p_absent:
+                parents.append(-1)
+            else:
+                parents.append(rng.choice(present))
+                present.append(i)
+        rows.append(parents)
+    return torch.tensor(rows)

@@ -210,7 +210,6 @@ class DraftModelDrafter:
         device = feedback.tokens.device
         P0 = state.pending_tokens.shape[1]
         if state.node_slots is None:  # a plain step (K = 0): the draft ran nothing, the new root queues up
-            ar = torch.arange(P0 + 1, device=device)[None, :]
             pend = torch.cat([state.pending_tokens, feedback.roots[:, None]], 1)
             pend = pend.scatter(1, state.pending_counts[:, None], feedback.roots[:, None])
             return state._replace(pending_tokens=pend, pending_counts=state.pending_counts + 1)
