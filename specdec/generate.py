@@ -161,7 +161,8 @@ def generate(
         max_new_tokens: new tokens per row, never exceeded.
         temperature, top_k, top_p: sampling parameters (temperature 0 = greedy), applied identically to
             target and draft.
-        eos_token_id: a row stops right after emitting one of these.
+        eos_token_id: a row stops right after emitting one of these. ``None`` (the default) takes the model's
+            ``generation_config.eos_token_id``, as HF ``generate`` does; ``[]`` never stops at EOS.
         pad_token_id: fills ``sequences`` after a row's end (default: the model's, else EOS, else 0).
         stop_strings: a row stops right after the token that completes one of these (needs ``tokenizer``).
         tokenizer: decodes outputs for ``stop_strings``.
@@ -183,6 +184,8 @@ def generate(
     source = None if params.is_greedy else as_source(generator)
     device = input_ids.device
     B, T = input_ids.shape
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
     eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
     stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or ())
     if pad_token_id is None:

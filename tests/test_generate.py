@@ -80,6 +80,16 @@ def test_rows_accept_different_lengths_and_finish_at_different_times():
     assert any(len(set(s)) > 1 for s in steps), "rows should accept different numbers of drafts"
 
 
+def test_eos_defaults_to_the_model_generation_config_like_hf():
+    model = tiny_model("llama")
+    ids, mask = _prompts(1)
+    ref = _hf_greedy(model, ids, mask, 20)[0].tolist()
+    model.generation_config.eos_token_id = ref[3]
+    out = generate(model, ids, attention_mask=mask, drafter=DraftModelDrafter(copy.deepcopy(model), 4),
+                   max_new_tokens=20)
+    assert out.sequences[0, ids.shape[1]:].tolist() == ref[: ref.index(ref[3]) + 1]
+
+
 def test_eos_inside_an_accepted_path_stops_the_row_exactly_there():
     model = tiny_model("qwen3")
     ids, mask = _prompts(1)
@@ -96,7 +106,7 @@ def test_max_new_tokens_is_never_exceeded(n):
     model = tiny_model("llama")
     ids, mask = _prompts(3)
     drafter = DraftModelDrafter(copy.deepcopy(model), num_drafts=5)
-    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=n)
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=n, eos_token_id=[])
     assert out.num_new_tokens.tolist() == [n] * 3
     assert out.sequences.shape[1] == ids.shape[1] + n
 
