@@ -274,10 +274,8 @@ def generate(
         # 4. Target forward over [root] + drafts with the tree mask, positions = prefix length + depth.
         tokens = torch.cat([roots[:, None], draft.tokens], 1)
         present = draft.parents >= 0
-        present[:, 0] = True
-        tree_parents = draft.parents.clone()
-        tree_parents[~present] = -1
-        out, pending = adapter.forward(cache, tokens, tree_parents, cache.lengths[:, None] + draft.depths, present)
+        present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
+        out, pending = adapter.forward(cache, tokens, draft.parents, cache.lengths[:, None] + draft.depths, present)
         clock.tick("target")
         # 5. Verify: the accepted path, its length and the next (bonus or recovered) token per row.
         depth = k if draft.num_nodes else 0  # drafts never go deeper than K: no sync to find the depth
