@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 
 from .sampling import RandomSource, as_source
+from .trees import ancestor_matrix
 from .types import Draft, DraftScheme, SamplingParams, VerifyResult
 
 __all__ = [
@@ -161,18 +162,19 @@ def _sum_over_path(values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
 
 
 def _path_to(node: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """Root-to-``node`` path per row, shape ``[B, max_depth + 1]``, padded with -1."""
-    batch = node.shape[0]
-    spill = max_depth + 1  # writes of out-of-range depths land in a column that is cut off
+    """Root-to-``node`` path per row, shape ``[B, max_depth + 1]``, padded with -1.
+
+    The path's nodes are ``node``'s row of the ancestor matrix (pointer doubling: ``ceil(log2 N)`` rounds, no
+    loop over depth); each is written at the column of its depth (depths on a path are distinct).
+    """
+    batch, width = parents.shape
+    on_path = ancestor_matrix(parents).gather(1, node[:, None, None].expand(batch, 1, width))[:, 0]
+    spill = max_depth + 1  # nodes off the path land in a column that is cut off
+    column = torch.where(on_path & (depths <= max_depth), depths, torch.full_like(depths, spill))
+    index = torch.arange(width, device=node.device).expand(batch, width)
     path = torch.full((batch, max_depth + 2), -1, dtype=torch.long, device=node.device)
-    current = node
-    for _ in range(max_depth + 1):
-        valid = current >= 0
-        safe = current.clamp_min(0)[:, None]
-        depth = depths.gather(1, safe)[:, 0]
-        column = torch.where(valid & (depth <= max_depth), depth, torch.full_like(depth, spill))
-        path.scatter_(1, column[:, None], torch.where(valid, current, -1)[:, None])
-        current = torch.where(valid, parents.gather(1, safe)[:, 0], -1)
+    # Off-path nodes all land in the spill column (which one wins there does not matter).
+    path.scatter_(1, column, torch.where(on_path, index, torch.full_like(index, -1)))
     return path[:, : max_depth + 1]
 
 
