@@ -36,7 +36,7 @@ def _model(seed: int, base=None, noise: float = 0.0):
     torch.manual_seed(seed)
     m = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
-        m.lm_head.weight.mul_(60.0)  # non-uniform, position- and prefix-dependent laws
+        m.lm_head.weight.mul_(15.0)  # non-uniform laws with partial acceptance at every depth (tau 1.1-2.9)
     return m
 
 
@@ -62,7 +62,7 @@ def _sampled_counts(drafter, params: SamplingParams, seed: int, verifier=None) -
     # drafts past the token budget); the law of the first NUM_TOKENS tokens is the same.
     out = generate(TARGET, ids, drafter=drafter, max_new_tokens=NUM_TOKENS + 2, temperature=params.temperature,
                    top_k=params.top_k, top_p=params.top_p, generator=torch.Generator().manual_seed(seed),
-                   verifier=verifier)
+                   verifier=verifier, eos_token_id=[])  # the enumerated law has no EOS stop
     new = out.sequences[:, PROMPT.shape[1]:PROMPT.shape[1] + NUM_TOKENS]
     counts = {}
     for row in map(tuple, new.tolist()):
@@ -72,6 +72,7 @@ def _sampled_counts(drafter, params: SamplingParams, seed: int, verifier=None) -
 
 PARAMS = {"T1": SamplingParams(1.0), "T0.7_top_p0.9": SamplingParams(0.7, top_p=0.9)}
 DRAFTERS = {
+    "plain_decoding": lambda: None,
     "draft_model_chain_sampled": lambda: DraftModelDrafter(_model(1, TARGET, 0.5), num_drafts=3, mode="sample"),
     "draft_model_tree_without_replacement": lambda: DraftModelDrafter(_model(2, TARGET, 0.5), num_drafts=2,
                                                                       tree=TREE, mode="sample"),
