@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benchmark", "to_markdown",
-           "save_results", "plot_results", "load_prompts"]
+           "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep"]
 
 
 @dataclass
@@ -210,6 +210,109 @@ def plot_results(results: Sequence[MethodResult], path: str, title: str = "") ->
     ax2.set_ylim(0, 1.02)
     ax2.legend(fontsize=7)
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep_batch_and_k(target, make_drafter: Callable[[int], object], prompts: Sequence[torch.Tensor], *,
+                      batch_sizes: Sequence[int], ks: Sequence[int], max_new_tokens: int, pad_token_id: int = 0,
+                      repeats: int = 1, progress: bool = True) -> dict[int, dict[int, float]]:
+    """Measure greedy tokens/s of ``specdec.generate`` for every batch size and every K (K = 0: no drafter).
+
+    Each batch is made of the first ``batch_size`` prompts (cycled), left-padded to one length.
+
+    Args:
+        target: the target model.
+        make_drafter: ``K -> drafter`` with ``max_num_drafts >= K``.
+        prompts: ``[1, T_i]`` prompts on the target's device.
+        batch_sizes: batch sizes to measure.
+        ks: numbers of drafts to measure (include 0 for the plain baseline).
+        max_new_tokens: new tokens per row (EOS is ignored so every row does the same work).
+        pad_token_id: left-padding token.
+        repeats: timed runs per cell (the fastest is kept); one untimed warm-up precedes them.
+
+    Returns:
+        ``{batch_size: {K: tokens per second}}``.
+    """
+    from tqdm.auto import tqdm
+
+    from .generate import generate
+
+    out: dict[int, dict[int, float]] = {}
+    cells = [(b, k) for b in batch_sizes for k in ks]
+    for b, k in tqdm(cells, desc="batch x K sweep", disable=not progress):
+        rows = [prompts[i % len(prompts)][0] for i in range(b)]
+        width = max(r.numel() for r in rows)
+        ids = torch.full((b, width), pad_token_id, dtype=torch.long, device=rows[0].device)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - r.numel():] = r
+            mask[i, width - r.numel():] = 1
+        drafter = make_drafter(k) if k > 0 else None
+        kwargs = dict(attention_mask=mask, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=[])
+        if k > 0:
+            kwargs["num_drafts"] = k
+        generate(target, ids, **{**kwargs, "max_new_tokens": min(8, max_new_tokens)})
+        best = float("inf")
+        for _ in range(repeats):
+            _sync()
+            t0 = time.perf_counter()
+            res = generate(target, ids, **kwargs)
+            _sync()
+            best = min(best, time.perf_counter() - t0)
+        out.setdefault(b, {})[k] = res.stats.num_new_tokens / best
+    return out
+
+
+def best_schedule(throughput: dict[int, dict[int, float]]) -> list[list[int]]:
+    """The Dynamic SD schedule that picks, for each measured batch size, the K with the highest throughput.
+
+    Consecutive measured batch sizes with the same best K are merged; a range ends just before the next measured
+    size, and the last one is open-ended up to that size (past it the schedule's lookup keeps the last K).
+
+    Args:
+        throughput: ``{batch_size: {K: tokens per second}}`` as returned by :func:`sweep_batch_and_k`.
+
+    Returns:
+        ``[[start_bs, end_bs, K], ...]`` in the format of ``generate(schedule=...)`` (vLLM's
+        ``num_speculative_tokens_per_batch_size``), starting at batch size 1.
+    """
+    sizes = sorted(throughput)
+    if not sizes:
+        raise ValueError("throughput is empty: measure at least one batch size")
+    best = [max(throughput[b], key=lambda k: (throughput[b][k], -k)) for b in sizes]
+    schedule: list[list[int]] = []
+    for i, (b, k) in enumerate(zip(sizes, best)):
+        start = 1 if i == 0 else b
+        end = sizes[i + 1] - 1 if i + 1 < len(sizes) else b
+        if schedule and schedule[-1][2] == k:
+            schedule[-1][1] = end
+        else:
+            schedule.append([start, end, k])
+    return schedule
+
+
+def plot_sweep(throughput: dict[int, dict[int, float]], path: str, title: str = "") -> None:
+    """Speedup over K = 0 against batch size, one curve per K (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(throughput)
+    ks = sorted({k for row in throughput.values() for k in row})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in ks:
+        if k == 0:
+            continue
+        ax.plot(sizes, [throughput[b][k] / throughput[b][0] for b in sizes], marker="o", label=f"K={k}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (active rows)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend()
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

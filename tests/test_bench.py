@@ -49,3 +49,26 @@ def test_time_budget_stops_after_the_prompt_that_passes_it():
     results = bench.run_benchmark({"plain": bench.specdec_method(model, None, 4)}, prompts, warmup=0,
                                   progress=False, max_seconds=0.0)
     assert results[0].extra["prompts"] == 1
+
+
+def test_best_schedule_picks_the_fastest_k_per_batch_size_and_merges_ranges():
+    throughput = {1: {0: 100, 2: 250, 4: 300}, 2: {0: 180, 2: 400, 4: 390}, 4: {0: 350, 2: 500, 4: 420},
+                  8: {0: 700, 2: 650, 4: 500}, 16: {0: 1200, 2: 900, 4: 700}}
+    schedule = bench.best_schedule(throughput)
+    assert schedule == [[1, 1, 4], [2, 7, 2], [8, 16, 0]]
+    from specdec.schedule import make_schedule
+
+    lookup = make_schedule(schedule, max_num_drafts=4)  # a valid Dynamic SD schedule
+    assert [lookup(b) for b in (1, 2, 5, 8, 100)] == [4, 2, 2, 0, 0]
+
+
+def test_best_schedule_prefers_the_smaller_k_on_ties():
+    assert bench.best_schedule({1: {0: 10.0, 3: 10.0}}) == [[1, 1, 0]]
+
+
+def test_batch_and_k_sweep_measures_every_cell():
+    model = tiny_model("llama")
+    prompts = [torch.randint(1, 97, (1, 6 + i)) for i in range(3)]
+    out = bench.sweep_batch_and_k(model, lambda k: DraftModelDrafter(copy.deepcopy(model), k), prompts,
+                                  batch_sizes=[1, 3], ks=[0, 2], max_new_tokens=6, progress=False)
+    assert set(out) == {1, 3} and all(set(row) == {0, 2} and min(row.values()) > 0 for row in out.values())
