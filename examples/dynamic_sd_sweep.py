@@ -85,12 +85,7 @@ def main(argv=None) -> int:
     lines += ["", f"schedule (num_speculative_tokens_per_batch_size): {schedule}"]
     # Check the schedule end to end: decoding with it equals plain greedy decoding at the largest batch.
     b = max(args.batch_sizes)
-    rows = [prompts[i % len(prompts)][0] for i in range(b)]
-    width = max(r.numel() for r in rows)
-    ids = torch.full((b, width), pad, dtype=torch.long, device=args.device)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - r.numel():], mask[i, width - r.numel():] = r, 1
+    ids, mask = bench.left_pad([prompts[i % len(prompts)][0] for i in range(b)], pad)
     kmax = max(args.ks)
     out = sd.generate(target, ids, attention_mask=mask, drafter=make_drafter(kmax),
                       schedule=schedule, max_new_tokens=args.max_new_tokens, eos_token_id=[])

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benchmark", "to_markdown",
-           "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep"]
+           "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep", "left_pad"]
 
 
 @dataclass
@@ -215,6 +215,25 @@ def plot_results(results: Sequence[MethodResult], path: str, title: str = "") ->
     plt.close(fig)
 
 
+def left_pad(rows: Sequence[torch.Tensor], pad_token_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D token tensors into a left-padded batch.
+
+    Args:
+        rows: ``B`` tensors of shape ``[T_i]``.
+        pad_token_id: the padding token.
+
+    Returns:
+        ``(input_ids [B, max T_i], attention_mask [B, max T_i])``.
+    """
+    width = max(r.numel() for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long, device=rows[0].device)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - r.numel():] = r
+        mask[i, width - r.numel():] = 1
+    return ids, mask
+
+
 def sweep_batch_and_k(target, make_drafter: Callable[[int], object], prompts: Sequence[torch.Tensor], *,
                       batch_sizes: Sequence[int], ks: Sequence[int], max_new_tokens: int, pad_token_id: int = 0,
                       repeats: int = 1, progress: bool = True) -> dict[int, dict[int, float]]:
@@ -242,13 +261,7 @@ def sweep_batch_and_k(target, make_drafter: Callable[[int], object], prompts: Se
     out: dict[int, dict[int, float]] = {}
     cells = [(b, k) for b in batch_sizes for k in ks]
     for b, k in tqdm(cells, desc="batch x K sweep", disable=not progress):
-        rows = [prompts[i % len(prompts)][0] for i in range(b)]
-        width = max(r.numel() for r in rows)
-        ids = torch.full((b, width), pad_token_id, dtype=torch.long, device=rows[0].device)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, width - r.numel():] = r
-            mask[i, width - r.numel():] = 1
+        ids, mask = left_pad([prompts[i % len(prompts)][0] for i in range(b)], pad_token_id)
         drafter = make_drafter(k) if k > 0 else None
         kwargs = dict(attention_mask=mask, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=[])
         if k > 0:
