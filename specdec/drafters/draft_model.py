@@ -95,7 +95,8 @@ class DraftModelDrafter:
         self._trees: dict = {}
 
     def _plan(self, k: int, device) -> tuple[Tree, list]:
-        """Per level: (nodes, parent position among the previous run, ranks, max children, nodes to run)."""
+        """Per level: (nodes, parent position among the previous run, ranks, max children,
+        (nodes to run, their parents) or None), all on ``device``: built once per K, no copies per step."""
         key = (k, str(device))
         if key not in self._trees:
             tree = chain_tree(k) if self.tree is None else self.tree.prune(k)
@@ -107,17 +108,14 @@ class DraftModelDrafter:
                 lvl = torch.nonzero(depths == level).flatten()
                 parent_pos = torch.searchsorted(prev_run, parents[lvl])
                 run = lvl[has_child[lvl]] if level < tree.max_depth else None
-                plan.append((lvl.to(device), parent_pos.to(device), ranks[lvl].to(device),
-                             int(ranks[lvl].max()) + 1, None if run is None or run.numel() == 0 else run.to(device)))
+                has_run = run is not None and run.numel() > 0
+                plan.append((lvl.to(device), parent_pos.to(device), ranks[lvl].to(device), int(ranks[lvl].max()) + 1,
+                             (run.to(device), parents[run].to(device)) if has_run else None))
                 if run is None or run.numel() == 0:
                     break
                 prev_run = run
-            self._trees[key] = (tree, plan)
+            self._trees[key] = (tree.to(device), plan)
         return self._trees[key]
-
-    @staticmethod
-    def _parents_of(tree: Tree, nodes: torch.Tensor) -> torch.Tensor:
-        return tree.parents.to(nodes.device)[nodes]
 
     # ------------------------------------------------------------------ protocol
     def start(self, feedback: Feedback) -> DraftModelState:
@@ -158,25 +156,25 @@ class DraftModelDrafter:
         logits = out.logits.gather(1, root_slot[:, None, None].expand(-1, 1, out.logits.shape[-1]))
         root_pos = cache.lengths + root_slot
         num_slots = P0
-        for level, (lvl, parent_pos, lvl_ranks, n_child, run) in enumerate(plan, start=1):
+        for level, (lvl, parent_pos, lvl_ranks, n_child, to_run) in enumerate(plan, start=1):
             # Children of this level's parents, chosen from the parents' draft distributions.
             q = process_logits(logits.float(), request.sampling) if keep_q else None
             choice = self._choose(logits.float(), q, n_child, mode, source)  # [B, n_parents, n_child]
             tokens[:, lvl] = choice[:, parent_pos, lvl_ranks]
             if keep_q:
                 qs_per_level.append(q[:, parent_pos])
-            if run is None:
+            if to_run is None:
                 break
+            run, run_parents = to_run
             # Run the nodes of this level that have children; their logits feed the next level.
-            out, cache = self.adapter.forward(cache, tokens[:, run], node_slots[:, self._parents_of(tree, run)],
+            out, cache = self.adapter.forward(cache, tokens[:, run], node_slots[:, run_parents],
                                               (root_pos[:, None] + level).expand(B, run.numel()))
             forwards += 1
             node_slots[:, run] = num_slots + torch.arange(run.numel(), device=device)[None, :]
             num_slots += run.numel()
             logits = out.logits
         draft_q = torch.cat(qs_per_level, 1) if keep_q else None
-        parents = tree.parents.to(device)
-        depths = tree.depths.to(device)
+        parents, depths = tree.parents, tree.depths  # already on the device (see _plan)
 
         draft = Draft(
             tokens=tokens[:, 1:],
@@ -221,12 +219,11 @@ class DraftModelDrafter:
         ar = torch.arange(P0, device=device)[None, :].expand(B, -1)
         committed_pending = ar < state.pending_counts[:, None]
         keep, counts = left_compact(torch.cat([ar, slots], 1), torch.cat([committed_pending, ran], 1))
-        width = int(counts.max())
-        cache = self.adapter.commit(state.cache, keep[:, :width], counts)
         # Committed path tokens the draft model did not run (at most the deepest), then the new root.
         not_run = feedback.valid & (slots < 0)
         not_run[:, 0] = False
         pend, pcount = left_compact(torch.cat([feedback.tokens, feedback.roots[:, None]], 1),
                                     torch.cat([not_run, torch.ones(B, 1, dtype=torch.bool, device=device)], 1), 0)
-        width = int(pcount.max())
-        return state._replace(cache=cache, pending_tokens=pend[:, :width], pending_counts=pcount, node_slots=None)
+        width, pwidth = torch.stack([counts.max(), pcount.max()]).tolist()  # one host sync for both widths
+        cache = self.adapter.commit(state.cache, keep[:, :width], counts)
+        return state._replace(cache=cache, pending_tokens=pend[:, :pwidth], pending_counts=pcount, node_slots=None)
