@@ -224,9 +224,8 @@ class ModelAdapter:
         all_parents = torch.cat([state.pending_parents, parents], 1)
         all_present = torch.cat([state.pending_present, present], 1)
         # Rows of the new nodes in the ancestor matrix of the whole pending forest.
+        # An absent node is nobody's ancestor and sees only itself, so no presence masking is needed here.
         anc = ancestor_matrix(all_parents)[:, -M:]
-        anc = anc & (all_present[:, None, :] | torch.eye(all_parents.shape[1], dtype=torch.bool,
-                                                         device=tokens.device)[-M:])
         prefix = state.committed_valid[:, None, :] & present[:, :, None]
         visible = torch.cat([prefix.expand(B, M, -1), anc], 2)
         out = self._run(tokens, self._mask(visible), positions, state.cache)
