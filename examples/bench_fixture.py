@@ -64,7 +64,12 @@ def main(argv=None):
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--max-seconds", type=float, default=None, help="time budget of the timed loop")
+    ap.add_argument("--no-cudnn-sdpa", action="store_true",
+                    help="disable cuDNN SDPA process-wide (every method, HF peers included): with a custom mask it "
+                         "re-plans for every new shape")
     args = ap.parse_args(argv)
+    if args.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     os.makedirs(args.out, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     tok = transformers.AutoTokenizer.from_pretrained(args.target)
@@ -81,19 +86,19 @@ def main(argv=None):
             methods["HF assisted (draft model)"] = bench.hf_method(target, n, assistant_model=draft)
         methods[f"HF prompt lookup ({args.lookup_k})"] = bench.hf_method(target, n,
                                                                           prompt_lookup_num_tokens=args.lookup_k)
-    methods["specdec plain"] = bench.specdec_method(target, None, n, profile=False)
+    recipes = {"plain": None}  # specdec methods: name -> drafter factory (None: plain decoding)
     for k in args.draft_k if draft is not None else []:
-        methods[f"specdec draft model K={k}"] = bench.specdec_method(
-            target, lambda k=k: sd.DraftModelDrafter(draft, num_drafts=k), n)
-    methods[f"specdec prompt lookup K={args.lookup_k}"] = bench.specdec_method(
-        target, lambda: sd.PromptLookupDrafter(num_drafts=args.lookup_k), n)
+        recipes[f"draft model K={k}"] = lambda k=k: sd.DraftModelDrafter(draft, num_drafts=k)
+    recipes[f"prompt lookup K={args.lookup_k}"] = lambda: sd.PromptLookupDrafter(num_drafts=args.lookup_k)
     from specdec import eagle
 
     for spec in args.eagle:
         recipe, path = spec.split("=", 1)
         make = {"eagle1": eagle.eagle1, "eagle2": eagle.eagle2, "eagle3": eagle.eagle3}[recipe]
         head = eagle.load_eagle_head(path, target, dtype=dtype, device=args.device)
-        methods[f"specdec {recipe.upper()}"] = bench.specdec_method(target, lambda make=make, head=head: make(head), n)
+        recipes[recipe.upper()] = lambda make=make, head=head: make(head)
+    for name, make in recipes.items():
+        methods[f"specdec {name}"] = bench.specdec_method(target, make, n)
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, baseline=next(iter(methods)), max_seconds=args.max_seconds,
                                       log=log)
@@ -101,7 +106,8 @@ def main(argv=None):
     # Per-step overhead of the loops: step time minus one plain HF forward of 1 token.
     fwd = _forward_ms(target, prompts[0])
     prof = {}
-    for name, drafter in [("plain", None)] + ([("draft model K=4", sd.DraftModelDrafter(draft, 4))] if draft else []):
+    for name, make in recipes.items():
+        drafter = make() if make is not None else None
         o = sd.generate(target, prompts[0], drafter=drafter, max_new_tokens=n, profile=True)
         o2 = sd.generate(target, prompts[0], drafter=drafter, max_new_tokens=n)
         prof[name] = {"ms_per_step": 1e3 * (o2.stats.wall_time - o2.stats.prefill_time) / o2.stats.num_steps,

@@ -32,10 +32,18 @@ def is_held_out(data: bytes) -> bool:
     return int(hashlib.sha1(data).hexdigest(), 16) % 50 == 0
 
 
-def collect_sources(root: Path, max_files: int | None) -> tuple[list[str], int]:
-    """Read ``*.py`` files under ``root``, skipping held-out ones; returns (texts, number held out)."""
+def collect_sources(root: Path, max_files: int | None, seed: int = 0) -> tuple[list[str], int]:
+    """Read ``*.py`` files under ``root``, skipping held-out ones; returns (texts, number held out).
+
+    With ``max_files``, the files are a seeded random sample (not the alphabetically first packages).
+    """
+    import random
+
     texts, held = [], 0
-    for path in sorted(root.rglob("*.py")):
+    paths = sorted(root.rglob("*.py"))
+    if max_files:
+        random.Random(seed).shuffle(paths)
+    for path in paths:
         try:
             data = path.read_bytes()
         except OSError:
@@ -112,7 +120,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    texts, held = collect_sources(Path(args.data_dir), args.max_files or None)
+    texts, held = collect_sources(Path(args.data_dir), args.max_files or None, args.seed)
     if not texts:
         print(f"no training files under {args.data_dir}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .masks import to_aligned_additive_mask
 from .trees import ancestor_matrix
 
 __all__ = ["CacheState", "ForwardOutput", "ModelAdapter", "SUPPORTED_ATTENTION"]
@@ -115,7 +116,9 @@ class ModelAdapter:
                 f"tree-attention mask speculative decoding needs. Load it with "
                 f"attn_implementation='sdpa' (or 'eager'), or call model.set_attn_implementation('sdpa')."
             )
-        self.additive_mask = impl == "eager"
+        # Additive masks for both: given a bool mask, SDPA converts it to an additive one in every layer (3 more
+        # kernels per layer on CUDA); the adapter converts once per forward instead.
+        self.additive_mask = True
         num_layers = getattr(config, "num_hidden_layers", None)
         for layer in feature_layers:
             if num_layers is not None and not (0 <= layer <= num_layers):
@@ -150,9 +153,7 @@ class ModelAdapter:
         visible = visible[:, None]
         if not self.additive_mask:
             return visible
-        dtype = self.model.dtype
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
-            ~visible, torch.finfo(dtype).min)
+        return to_aligned_additive_mask(visible, self.model.dtype)
 
     def _run(self, tokens, mask, positions, cache, logits_to_keep: int = 0) -> ForwardOutput:
         kwargs = {self._cache_kw: cache, "use_cache": True}

@@ -42,6 +42,7 @@ __all__ = [
     "or_masks",
     "create_mask",
     "to_additive_mask",
+    "to_aligned_additive_mask",
     "causal_mask_mod",
     "diagonal_mask_mod",
     "padding_mask_mod",
@@ -264,6 +265,36 @@ def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         )
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, zero, torch.finfo(dtype).min)
+
+
+def to_aligned_additive_mask(mask: torch.Tensor, dtype: torch.dtype, alignment: int = 8) -> torch.Tensor:
+    """:func:`to_additive_mask` into storage whose rows are padded to a multiple of ``alignment`` elements.
+
+    PyTorch's memory-efficient SDPA kernel needs the mask's strides aligned to 8 elements; given a mask whose
+    key length is not, it copies it into a padded one in *every* attention call (every layer). A mask made
+    here is a view of width ``KV`` into padded storage, so the kernel takes it as is.
+
+    Args:
+        mask: bool, ``[..., KV]`` (e.g. ``[B, 1, Q, KV]``), True = attend.
+        dtype: a floating dtype.
+        alignment: row stride multiple (elements).
+
+    Returns:
+        The additive mask, shape ``mask.shape``; ``stride(-2)`` is a multiple of ``alignment``.
+
+    Example:
+        >>> m = to_aligned_additive_mask(torch.ones(1, 1, 2, 5, dtype=torch.bool), torch.float32)
+        >>> m.shape, m.stride(-2)
+        (torch.Size([1, 1, 2, 5]), 8)
+
+    References:
+        PyTorch ``aten/src/ATen/native/transformers/attention.cpp`` (``preprocess_mask``, ``pad_bias``).
+    """
+    kv = mask.shape[-1]
+    pad = -kv % alignment
+    if pad:
+        mask = torch.nn.functional.pad(mask, (0, pad))
+    return to_additive_mask(mask, dtype)[..., :kv]
 
 
 def _finish(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

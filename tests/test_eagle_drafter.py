@@ -216,6 +216,47 @@ def test_drafter_valid_drafts_over_steps_with_ragged_rows(target, kind, policy):
     assert state.num_forwards > 4
 
 
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3_reduced"])
+def test_greedy_chain_equals_the_training_unroll(target, kind):
+    """Inference reads what training taught: the drafter's greedy chain equals the argmax of ``ttt_forward``
+    unrolled over the same tokens (step i at the root's predecessor predicts draft level i + 1)."""
+    from specdec.training import ttt_forward
+
+    heads = _heads(target)
+    if kind == "eagle3_reduced":
+        d2t = torch.tensor([0, 1, 3, 3, 5, 7, 8, 8, 10, 12])  # 10 draft ids -> target ids i + d2t[i]
+        d2t = torch.cat([d2t, torch.full((30,), 20)])
+        t2d = torch.zeros(VOCAB, dtype=torch.bool)
+        t2d[torch.arange(40) + d2t] = True
+        head = Eagle3Head.from_target(target, feature_layers=(1, 2, 4), draft_vocab=(d2t, t2d)).float()
+    else:
+        head = heads[kind]
+    with torch.no_grad():  # sharp attention, so that a wrong position or mask changes the drafts
+        head.fc.weight.mul_(20.0)
+        for layer in head.layers:
+            layer.self_attn.q_proj.weight.mul_(30.0)
+            layer.self_attn.k_proj.weight.mul_(30.0)
+            layer.self_attn.o_proj.weight.mul_(30.0)
+    depth, L = 4, 9
+    drafter = EagleDrafter(head, DynamicTree(total_tokens=depth + 1, depth=depth, top_k=1))
+    g = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        seq = torch.randint(0, VOCAB, (1, L + 1), generator=g)  # prompt x_0..x_{L-1} and root x_L
+        _, _, _, feats, _ = _features(target, [seq[0].tolist()], head.feature_layers)
+        fb = Feedback(seq[:, :L], seq[:, 1:], torch.arange(L)[None], torch.ones(1, L, dtype=torch.bool),
+                      tuple(f[:, :L] for f in feats), seq[:, L])
+        draft, _ = drafter.propose(drafter.start(fb), _request(torch.tensor([L]), [int(seq[0, L])], depth))
+        assert draft.parents[0].tolist() == list(range(-1, depth))  # top_k = 1: a chain
+        tokens = torch.cat([seq, draft.tokens], 1)
+        with torch.no_grad():
+            hidden = head.features_to_hidden(tuple(f[:, :L] for f in feats))
+            # indices >= L (no target feature at inference) are padding: index L - 1 never sees them
+            hidden = torch.cat([hidden, hidden.new_zeros(1, depth - 1, hidden.shape[-1])], 1)
+            outs = ttt_forward(head, tokens[:, : L + depth], hidden, depth)
+        unrolled = [int(head.draft_to_target(head.logits(o[:, L - 1]).argmax(-1))) for o in outs]
+        assert draft.tokens[0].tolist() == unrolled
+
+
 def test_static_chain_equals_dynamic_tree_with_top_k_one(target):
     head = _heads(target)["eagle3"]
     rows, roots = [[3, 4, 5, 6], [7, 8]], [9, 10]

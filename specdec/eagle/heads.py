@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from ..masks import to_aligned_additive_mask
 
 __all__ = [
     "EagleConfig",
@@ -348,6 +349,8 @@ _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBack
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     gqa = q.shape[1] != k.shape[1]
+    if mask is not None and mask.dtype == torch.bool and q.is_cuda:
+        mask = to_aligned_additive_mask(mask, q.dtype)  # else SDPA converts and pads it in every call
     with sdpa_kernel(_BACKENDS):
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
