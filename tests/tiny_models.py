@@ -49,7 +49,7 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int = 0) -> torch.nn.
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp(min=1e-3))
+            p.add_(torch.randn(p.shape, generator=g).to(p.device) * noise * p.std().clamp(min=1e-3))
     return draft
 
 
