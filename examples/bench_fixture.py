@@ -62,6 +62,8 @@ def main(argv=None):
                     help="RECIPE=PATH of a trained EAGLE head, RECIPE one of eagle1 (static tree), eagle2 "
                          "(dynamic tree), eagle3 (EAGLE-3 head, dynamic tree)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="keep only the methods whose name contains one of these strings (e.g. 'HF vanilla' EAGLE)")
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--max-seconds", type=float, default=None, help="time budget of the timed loop")
     ap.add_argument("--no-cudnn-sdpa", action="store_true",
@@ -99,6 +101,10 @@ def main(argv=None):
         recipes[recipe.upper()] = lambda make=make, head=head: make(head)
     for name, make in recipes.items():
         methods[f"specdec {name}"] = bench.specdec_method(target, make, n)
+    if args.only:
+        keep = lambda name: any(part in name for part in args.only)  # noqa: E731
+        methods = {name: run for name, run in methods.items() if keep(name)}
+        recipes = {name: make for name, make in recipes.items() if keep(f"specdec {name}")}
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, baseline=next(iter(methods)), max_seconds=args.max_seconds,
                                       log=log)

@@ -91,4 +91,6 @@ def test_sampled_tree_at_temperature_runs_eagerly(target):
     out = sd.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, temperature=1.0,
                       generator=torch.Generator(device="cuda").manual_seed(0))
     assert out.sequences.shape[1] == ids.shape[1] + 16
-    assert not drafter._graphs  # T > 0 with a sampled tree: eager (its randomness is not graph-captured)
+    # T > 0 with a sampled tree: its draft runs eagerly (random draws are not graph-captured); the update,
+    # which draws nothing, may still be graphed
+    assert not [key for key in drafter._graphs if key[1] is not None]
