@@ -190,6 +190,27 @@ def test_load_eagle1_llama3_style_safetensors_without_bias(target, tmp_path):
     _check_eagle1(head, source)
 
 
+def test_load_from_a_hub_id_downloads_the_weights_and_config(target, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    cfg, source = _source_eagle1(target, fc_bias=False, seed=2)
+    state = {k: v for k, v in source.state_dict().items() if not k.startswith(("rotary", "embed"))}
+    folder = _save(tmp_path / "snapshot", state, _eagle_config(cfg, bias=False))
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    head = load_eagle_head("yuhuili/EAGLE-LLaMA3-Instruct-8B", target)
+    assert [c[0] for c in calls] == ["yuhuili/EAGLE-LLaMA3-Instruct-8B"]
+    assert set(calls[0][1]["allow_patterns"]) >= {"*.json", "*.safetensors", "*.bin"}
+    _check_eagle1(head, source)
+    with pytest.raises(ValueError, match="is a file"):
+        load_eagle_head(folder / "config.json", target)
+
+
 def _source_eagle3(target, draft_vocab=40, seed=0, norm_before_residual=False, kv_heads=2):
     cfg = _llama_config(kv_heads=kv_heads, eps=1e-5)
     counts = torch.randint(0, 100, (VOCAB,), generator=torch.Generator().manual_seed(seed)).float()
