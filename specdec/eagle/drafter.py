@@ -527,21 +527,26 @@ class EagleDrafter:
         return self._absorb(state, feedback)
 
 
-def _capture(fn):
+def _capture(fn, device):
     """Warm ``fn`` up on a side stream (lazy tables, kernels' first-call work), then capture it as a CUDA graph.
+
+    Args:
+        fn: a function of no arguments whose inputs are fixed tensors.
+        device: the CUDA device ``fn`` runs on (captured there, whatever the current device).
 
     Returns:
         ``(graph, output)``: replaying ``graph`` recomputes ``output`` in place from the same input buffers.
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
     return graph, out
 
 
@@ -558,7 +563,8 @@ class _GraphedDraft:
         self.root_positions = root_positions.clone()
         self.last_hidden = state.last_hidden.clone()
         static = state._replace(lengths=self.lengths, last_hidden=self.last_hidden)
-        self.graph, self.out = _capture(lambda: drafter._draft(static, self.root_positions, depth))
+        self.graph, self.out = _capture(lambda: drafter._draft(static, self.root_positions, depth),
+                                        state.lengths.device)
 
     def replay(self, state: EagleState, root_positions: torch.Tensor) -> Draft:
         self.lengths.copy_(state.lengths)
@@ -591,7 +597,7 @@ class _GraphedUpdate:
         self.lengths = state.lengths.clone()
         self.last_hidden = state.last_hidden.clone()
         static = state._replace(lengths=self.lengths, last_hidden=self.last_hidden)
-        self.graph, self.out = _capture(lambda: drafter._absorb_tensors(static, self.feedback))
+        self.graph, self.out = _capture(lambda: drafter._absorb_tensors(static, self.feedback), device)
 
     def replay(self, state: EagleState, feedback: Feedback) -> tuple[torch.Tensor, torch.Tensor]:
         M = feedback.tokens.shape[1]
