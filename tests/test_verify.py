@@ -702,3 +702,20 @@ def test_bad_inputs_raise_errors_that_name_the_problem():
     with pytest.raises(ValueError, match="not a chain"):
         check_draft(Draft(torch.tensor([[1, 2]]), torch.tensor([[-1, 0, 0]]), torch.tensor([[0, 1, 1]]), None, DET),
                     chain=True)
+
+
+@pytest.mark.parametrize("max_depth", [0, 2])
+def test_verify_greedy_without_drafts_equals_the_general_path(max_depth):
+    """The plain-step fast path (no draft nodes) returns what the tree path returns for an absent-only tree."""
+    g = torch.Generator().manual_seed(0)
+    B, V = 3, 11
+    logits = torch.randn(B, 2, V, generator=g)
+    z = torch.zeros(B, 1, dtype=torch.long)
+    empty = Draft(z[:, :0], z - 1, z, None, DraftScheme.DETERMINISTIC)
+    absent = Draft(z.clone(), torch.full((B, 2), -1), torch.zeros(B, 2, dtype=torch.long), None,
+                   DraftScheme.DETERMINISTIC)
+    fast = verify_greedy(logits[:, :1], empty, max_depth=max_depth)
+    general = verify_greedy(logits, absent, max_depth=max_depth)
+    for a, b in zip(fast, general):
+        assert torch.equal(a, b)
+    assert torch.equal(fast.next_tokens, logits[:, 0].argmax(-1))
