@@ -305,7 +305,7 @@ class EagleState(NamedTuple):
     Attributes:
         cache: the head's KV cache (written in place: a state is consumed by the next call, not reused).
         lengths: Shape ``[B]`` int64, committed entries per row (= the root's position).
-        bound: host-side upper bound of ``lengths`` (where the tree scratch region starts).
+        bound: host-side upper bound of ``lengths`` (decides when the cache must grow; no sync needed).
         last_hidden: Shape ``[B, H]``, the head's output at the last committed entry (predicts level 1).
         num_forwards: head forwards so far (read by ``generate()``'s statistics).
         since_resync: updates since ``bound`` was last re-tightened.
