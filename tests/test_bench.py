@@ -72,3 +72,33 @@ def test_batch_and_k_sweep_measures_every_cell():
     out = bench.sweep_batch_and_k(model, lambda k: DraftModelDrafter(copy.deepcopy(model), k), prompts,
                                   batch_sizes=[1, 3], ks=[0, 2], max_new_tokens=6, progress=False)
     assert set(out) == {1, 3} and all(set(row) == {0, 2} and min(row.values()) > 0 for row in out.values())
+
+
+def test_eagle_tree_sweep_measures_every_pair_and_matches_plain(tmp_path):
+    """examples/eagle_tree_sweep.py: one row per (depth, total_tokens), outputs identical to plain greedy."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "examples" / "eagle_tree_sweep.py"
+    spec = importlib.util.spec_from_file_location("eagle_tree_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from specdec.eagle import Eagle1Head
+
+    target = tiny_model("llama", layers=2)
+    head = Eagle1Head.from_target(target).float()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 90, (1, 10), generator=g) for _ in range(2)]
+    rows = module.sweep(target, head, prompts, depths=[2, 3], totals=[4, 8], top_k=3, max_new_tokens=12,
+                        progress=False)
+    assert [(r["depth"], r["total_tokens"]) for r in rows] == [(2, 4), (2, 8), (3, 4), (3, 8)]
+    for r in rows:
+        assert r["same_output"] == 1.0
+        assert 1.0 <= r["tau"] <= r["depth"] + 1
+        assert len(r["acceptance_per_depth"]) == r["depth"]
+        assert r["top_k"] == min(3, r["total_tokens"] - 1)
+    md = module.to_markdown(rows, "tiny")
+    assert md.count("\n| ") == 1 + len(rows)  # header + one line per pair
+    pytest.importorskip("matplotlib")
+    module.plot(rows, str(tmp_path / "sweep.png"), "tiny")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
