@@ -104,6 +104,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 unrolled steps")
     parser.add_argument("--draft-vocab-size", type=int, default=4096, help="EAGLE-3 reduced vocabulary (0: full)")
+    parser.add_argument("--draft-vocab-coverage", type=float, default=None,
+                        help="EAGLE-3: size the reduced vocabulary to cover this fraction of the training tokens "
+                             "(overrides --draft-vocab-size)")
     parser.add_argument("--save-every", type=int, default=1000)
     parser.add_argument("--max-files", type=int, default=0, help="cap on training files (0: all)")
     parser.add_argument("--eval-prompts", default=None, help="jsonl with a 'prompt' field (e.g. pycode-heldout)")
@@ -140,13 +143,14 @@ def main(argv=None) -> int:
             result = train_eagle1(target, token_lists, out_dir=out / "eagle1", **common)
         elif method == "eagle3":
             result = train_eagle3(target, token_lists, out_dir=out / "eagle3", ttt_steps=args.ttt_steps,
-                                  draft_vocab_size=args.draft_vocab_size or None, **common)
+                                  draft_vocab_size=None if args.draft_vocab_coverage else (args.draft_vocab_size or None),
+                                  draft_vocab_coverage=args.draft_vocab_coverage, **common)
             export_speculators(result.head, out / "eagle3-speculators", args.target)
         else:
             print(f"unknown method {method!r} (use eagle1, eagle3)", file=sys.stderr)
             return 1
         tail = result.history[-50:]
-        summary[method] = {"train_seconds": time.time() - t0,
+        summary[method] = {"train_seconds": time.time() - t0, "draft_vocab_size": result.head.config.draft_vocab,
                            "final_loss": sum(r.loss for r in tail) / len(tail),
                            "final_top1_accuracy": sum(r.accuracy for r in tail) / len(tail)}
         print(method, summary[method])

@@ -126,3 +126,31 @@ def test_train_refuses_a_head_for_another_target(target, data):
     head = Eagle3Head.from_target(other, feature_layers=(1, 2, 3))
     with pytest.raises(ValueError, match="hidden size of 32 but the target has 64"):
         train_eagle3(target, data, head=head, steps=1, progress=False)
+
+
+def test_draft_vocab_size_for_coverage_is_the_smallest_enough():
+    from specdec.training import draft_vocab_size_for_coverage
+
+    counts = torch.tensor([5, 0, 90, 5, 0])
+    assert draft_vocab_size_for_coverage(counts, 0.90) == 1
+    assert draft_vocab_size_for_coverage(counts, 0.95) == 2
+    assert draft_vocab_size_for_coverage(counts, 0.96) == 3
+    assert draft_vocab_size_for_coverage(counts, 1.0) == 3  # zero-count ids are never needed
+    g = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 50, (200,), generator=g)
+    for coverage in (0.5, 0.8, 0.99):
+        n = draft_vocab_size_for_coverage(counts, coverage)
+        top = torch.sort(counts, descending=True).values
+        assert top[:n].sum() >= coverage * counts.sum() > top[: n - 1].sum()
+    with pytest.raises(ValueError, match="coverage"):
+        draft_vocab_size_for_coverage(counts, 1.5)
+
+
+def test_train_eagle3_sizes_the_vocabulary_by_coverage(target, data):
+    result = train_eagle3(target, data, draft_vocab_coverage=1.0, ttt_steps=2, steps=2, batch_size=2, seq_len=16,
+                          progress=False)
+    seen = torch.unique(torch.cat([d.reshape(-1) for d in data]))
+    assert result.head.config.draft_vocab <= seen.numel() + 1  # the separator may be counted too
+    assert result.head.t2d[seen].all()
+    with pytest.raises(ValueError, match="not both"):
+        train_eagle3(target, data, draft_vocab_size=10, draft_vocab_coverage=0.9, steps=1, progress=False)

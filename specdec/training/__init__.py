@@ -7,10 +7,12 @@ from .eagle import (
     TrainRecord,
     TrainResult,
     build_draft_vocab,
+    draft_vocab_size_for_coverage,
     token_stream,
     train_eagle1,
     train_eagle3,
     ttt_forward,
 )
 
-__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "token_stream", "ttt_forward", "train_eagle1", "train_eagle3"]
+__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "draft_vocab_size_for_coverage", "token_stream",
+           "ttt_forward", "train_eagle1", "train_eagle3"]
