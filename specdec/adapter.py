@@ -116,9 +116,6 @@ class ModelAdapter:
                 f"tree-attention mask speculative decoding needs. Load it with "
                 f"attn_implementation='sdpa' (or 'eager'), or call model.set_attn_implementation('sdpa')."
             )
-        # Additive masks for both: given a bool mask, SDPA converts it to an additive one in every layer (3 more
-        # kernels per layer on CUDA); the adapter converts once per forward instead.
-        self.additive_mask = True
         num_layers = getattr(config, "num_hidden_layers", None)
         for layer in feature_layers:
             if num_layers is not None and not (0 <= layer <= num_layers):
@@ -149,11 +146,12 @@ class ModelAdapter:
             )
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
-        """Bool visibility ``[B, M, L]`` -> the mask form this model's attention takes, ``[B, 1, M, L]``."""
-        visible = visible[:, None]
-        if not self.additive_mask:
-            return visible
-        return to_aligned_additive_mask(visible, self.model.dtype)
+        """Bool visibility ``[B, M, L]`` -> an additive mask ``[B, 1, M, L]`` (both sdpa and eager take it).
+
+        Given a bool mask, SDPA would convert it to an additive one in every layer (3 more kernels per layer on
+        CUDA); converting once per forward, into row-aligned storage, spares that and SDPA's per-call padding.
+        """
+        return to_aligned_additive_mask(visible[:, None], self.model.dtype)
 
     def _run(self, tokens, mask, positions, cache, logits_to_keep: int = 0) -> ForwardOutput:
         kwargs = {self._cache_kw: cache, "use_cache": True}

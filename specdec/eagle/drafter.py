@@ -21,8 +21,8 @@ at their positions; the output at the last one is the root's hidden state, whose
 ``propose`` then runs one forward per further level over that level's expanded nodes, writing their keys
 into the scratch region at the end of the cache (never into the committed part, so rejected branches leave
 no trace). Every forward attends over the whole cache under a mask, so a step's shapes depend only on the
-batch size, the capacity and the depth: on CUDA, ``propose`` is captured once per shape as a CUDA graph
-and replayed (``cuda_graphs``), which removes the launch overhead of the ~100 small kernels per level.
+batch size, the capacity and the depth: on CUDA, ``propose`` and ``update`` are captured once per shape as
+CUDA graphs and replayed (``cuda_graphs``), which removes the launch overhead of ~100 small kernels per level.
 ``bound`` is a host-side upper bound of the row lengths, advanced by the feedback width, so no step needs a
 host-device sync (one deliberate sync every ``resync_every`` updates re-tightens it).
 
@@ -332,8 +332,8 @@ class EagleDrafter:
         tree: the tree policy: :class:`~specdec.eagle.DynamicTree` (default ``DynamicTree()``: EAGLE-2),
             :class:`StaticTree` / a compiled tree / tree choices (EAGLE-1), or :class:`SampledTree`.
         resync_every: updates between the deliberate host syncs that re-tighten the cache bound.
-        cuda_graphs: on CUDA, capture ``propose`` as a CUDA graph per (batch size, depth) and replay it
-            (deterministic trees, and sampled trees at temperature 0; a sampled tree at T > 0 runs eagerly).
+        cuda_graphs: on CUDA, capture ``propose`` as a CUDA graph per (batch size, depth), and ``update`` per
+            batch size, and replay them (a sampled tree at T > 0 drafts eagerly: its draws are not captured).
             The drafter then keeps one cache buffer that each :meth:`start` hands out again, so a drafter
             serves one ``generate()`` at a time (as its states are consumed in order anyway). ``False``: eager.
 
@@ -362,7 +362,7 @@ class EagleDrafter:
         self.resync_every = resync_every
         self.cuda_graphs = cuda_graphs
         self._scratch = self.policy.scratch_slots(self.max_num_drafts)
-        self._graphs: dict = {}    # (batch, depth) -> _GraphedDraft, bound to self._graph_cache
+        self._graphs: dict = {}    # (batch, depth) -> _GraphedDraft, (batch, None) -> _GraphedUpdate
         self._graph_cache = None   # the one cache buffer graphed states reuse (start() hands it out again)
 
     def __repr__(self) -> str:
@@ -440,15 +440,15 @@ class EagleDrafter:
         """
         B, M = feedback.tokens.shape
         device = feedback.tokens.device
+        need = M + 2 * (self.max_num_drafts + 1) + self._scratch + 1
         if self._graphable(device):
             # One buffer per drafter, reused by the next start(): graphs stay valid across generate() calls.
-            need = M + 2 * (self.max_num_drafts + 1) + self._scratch + 1
             cache = self._graph_cache
             if cache is None or cache.keys.shape[1] != B or cache.capacity < need:
                 cache = self._graph_cache = self.head.new_cache(B, _round_up(need + 256, 256), device)
                 self._graphs = {}
         else:
-            cache = self.head.new_cache(B, _round_up(M + 2 * (self.max_num_drafts + 1) + self._scratch + 1), device)
+            cache = self.head.new_cache(B, _round_up(need), device)
         state = EagleState(cache, torch.zeros(B, dtype=torch.long, device=device), 0,
                            torch.zeros(B, self.head.config.hidden_size, device=device, dtype=self.head.dtype), 0, 0)
         return self._absorb(state, feedback)
@@ -470,8 +470,7 @@ class EagleDrafter:
         depth = min(self.max_num_drafts, request.num_drafts)
         state = state._replace(num_forwards=state.num_forwards + self.policy.num_forwards(depth))
         if self._graphable(state.lengths.device) and state.cache is self._graph_cache and (
-                getattr(self.policy, "scheme", DraftScheme.DETERMINISTIC) is DraftScheme.DETERMINISTIC
-                or request.sampling.is_greedy):
+                self.policy.scheme is DraftScheme.DETERMINISTIC or request.sampling.is_greedy):
             return self._graphed(state, request.root_positions, depth).replay(state, request.root_positions), state
         return self._draft(state, request.root_positions, depth, request), state
 

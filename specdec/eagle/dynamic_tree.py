@@ -240,6 +240,8 @@ class DynamicTree:
         EAGLE-2 arXiv 2406.16858 (defaults 60 / 6 / 10 in the paper's setup).
     """
 
+    scheme = DraftScheme.DETERMINISTIC  # top-k drafts (a class attribute, not a field)
+
     total_tokens: int = 60
     depth: int = 6
     top_k: int = 10
