@@ -88,23 +88,22 @@ def main(argv=None):
             methods["HF assisted (draft model)"] = bench.hf_method(target, n, assistant_model=draft)
         methods[f"HF prompt lookup ({args.lookup_k})"] = bench.hf_method(target, n,
                                                                           prompt_lookup_num_tokens=args.lookup_k)
-    recipes = {"plain": None}  # specdec methods: name -> drafter factory (None: plain decoding)
+    makers = {"plain": None}  # specdec methods: name -> drafter factory (None: plain decoding)
     for k in args.draft_k if draft is not None else []:
-        recipes[f"draft model K={k}"] = lambda k=k: sd.DraftModelDrafter(draft, num_drafts=k)
-    recipes[f"prompt lookup K={args.lookup_k}"] = lambda: sd.PromptLookupDrafter(num_drafts=args.lookup_k)
-    from specdec import eagle
+        makers[f"draft model K={k}"] = lambda k=k: sd.recipes.sps(draft, num_drafts=k)
+    makers[f"prompt lookup K={args.lookup_k}"] = lambda: sd.recipes.prompt_lookup(args.lookup_k)
 
     for spec in args.eagle:
         recipe, path = spec.split("=", 1)
-        make = {"eagle1": eagle.eagle1, "eagle2": eagle.eagle2, "eagle3": eagle.eagle3}[recipe]
-        head = eagle.load_eagle_head(path, target, dtype=dtype, device=args.device)
-        recipes[recipe.upper()] = lambda make=make, head=head: make(head)
-    for name, make in recipes.items():
+        make = {"eagle1": sd.recipes.eagle1, "eagle2": sd.recipes.eagle2, "eagle3": sd.recipes.eagle3}[recipe]
+        head = sd.formats.load_eagle_head(path, target, dtype=dtype, device=args.device)
+        makers[recipe.upper()] = lambda make=make, head=head: make(head)
+    for name, make in makers.items():
         methods[f"specdec {name}"] = bench.specdec_method(target, make, n)
     if args.only:
         keep = lambda name: any(part in name for part in args.only)  # noqa: E731
         methods = {name: run for name, run in methods.items() if keep(name)}
-        recipes = {name: make for name, make in recipes.items() if keep(f"specdec {name}")}
+        makers = {name: make for name, make in makers.items() if keep(f"specdec {name}")}
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, baseline=next(iter(methods)), max_seconds=args.max_seconds,
                                       log=log)
@@ -112,7 +111,7 @@ def main(argv=None):
     # Per-step overhead of the loops: step time minus one plain HF forward of 1 token.
     fwd = _forward_ms(target, prompts[0])
     prof = {}
-    for name, make in recipes.items():
+    for name, make in makers.items():
         drafter = make() if make is not None else None
         o = sd.generate(target, prompts[0], drafter=drafter, max_new_tokens=n, profile=True)
         o2 = sd.generate(target, prompts[0], drafter=drafter, max_new_tokens=n)

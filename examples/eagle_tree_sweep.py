@@ -26,7 +26,7 @@ import transformers
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specdec as sd  # noqa: E402
-from specdec import bench, eagle  # noqa: E402
+from specdec import bench, drafters, formats, trees  # noqa: E402
 
 
 def sweep(target, head, prompts, depths, totals, top_k: int, max_new_tokens: int, progress: bool = True) -> list:
@@ -34,7 +34,7 @@ def sweep(target, head, prompts, depths, totals, top_k: int, max_new_tokens: int
 
     Args:
         target: the HF causal LM.
-        head: a loaded EAGLE head (``eagle.load_eagle_head``).
+        head: a loaded EAGLE head (``formats.load_eagle_head``).
         prompts: ``[1, T]`` prompt tensors on the target's device.
         depths, totals: the grid (``DynamicTree.depth`` and ``DynamicTree.total_tokens``).
         top_k: ``DynamicTree.top_k`` (capped at each pair's ``total_tokens - 1``).
@@ -49,7 +49,7 @@ def sweep(target, head, prompts, depths, totals, top_k: int, max_new_tokens: int
     plain = [sd.generate(target, p, max_new_tokens=max_new_tokens).sequences for p in prompts]
     rows = []
     for depth, total in tqdm([(d, t) for d in depths for t in totals], desc="sweep", disable=not progress):
-        drafter = eagle.EagleDrafter(head, eagle.DynamicTree(total, depth, min(top_k, total - 1)))
+        drafter = drafters.EagleDrafter(head, trees.DynamicTree(total, depth, min(top_k, total - 1)))
         sd.generate(target, prompts[0], drafter=drafter, max_new_tokens=8)  # warm-up (and graph capture on CUDA)
         emitted = steps = new = 0
         tries = torch.zeros(depth, dtype=torch.long)
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     tok = transformers.AutoTokenizer.from_pretrained(args.target)
     target = transformers.AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype,
                                                                attn_implementation="sdpa").to(args.device).eval()
-    head = eagle.load_eagle_head(args.head, target, dtype=dtype, device=args.device)
+    head = formats.load_eagle_head(args.head, target, dtype=dtype, device=args.device)
     prompts = [p.to(args.device) for p in bench.load_prompts(args.data, tok, args.num_prompts, args.prompt_tokens)]
     rows = sweep(target, head, prompts, args.depths, args.totals, args.top_k, args.max_new_tokens)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"

@@ -8,7 +8,7 @@ Example (the fixture target on one GPU, a few minutes per head)::
     python examples/train_eagle.py --target /work/shared/models/pycoder-18m --data-dir /path/to/python/src \\
         --steps 3000 --out-dir runs/eagle --device cuda
 
-Writes ``OUT/eagle1/final`` and ``OUT/eagle3/final`` (EAGLE authors' format, ``specdec.eagle.load_eagle_head``),
+Writes ``OUT/eagle1/final`` and ``OUT/eagle3/final`` (EAGLE authors' format, ``specdec.formats.load_eagle_head``),
 ``OUT/eagle3-speculators`` (vLLM), and ``OUT/summary.json`` (losses, and tau / speed-up on held-out prompts when
 ``--eval-prompts`` is given).
 """
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdec.eagle import eagle1, eagle2, eagle3, export_speculators
+    from specdec.recipes import eagle1, eagle2, eagle3
+    from specdec.formats import export_speculators
     from specdec.training import train_eagle1, train_eagle3
 
     device = torch.device(args.device)

@@ -5,11 +5,13 @@ A flat public API::
     import specdec as sd
     out = sd.generate(model, ids, drafter=sd.drafters.DraftModelDrafter(small), max_new_tokens=128)
     tree = sd.compile_tree(sd.trees.EAGLE_MC_SIM_7B_63)
+    drafter = sd.recipes.eagle2(sd.formats.load_eagle_head("path/or/hub-id", model))
 
-Submodules: ``sd.trees``, ``sd.masks``, ``sd.sampling``, ``sd.verify``, ``sd.drafters``, ``sd.eagle``,
-``sd.schedule``, ``sd.adapter``, ``sd.testing``, ``sd.training``, ``sd.bench``.
+Blocks by kind: ``sd.trees`` (compiler, presets, tree policies), ``sd.masks``, ``sd.sampling``, ``sd.verify``,
+``sd.drafters``, ``sd.heads``, ``sd.formats``, ``sd.training``, ``sd.schedule``, ``sd.adapter``; methods as
+compositions in ``sd.recipes``; ``sd.testing`` (sampling-law oracles) and ``sd.bench`` (harness).
 """
-from . import adapter, drafters, eagle, masks, sampling, schedule, testing, training, trees, verify
+from . import adapter, bench, drafters, formats, heads, masks, recipes, sampling, schedule, testing, training, trees, verify
 from .adapter import ModelAdapter
 from .drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from .generate import GenerateOutput, GenerationStats, generate
@@ -37,5 +39,6 @@ __all__ = [
     # drafters and schedules
     "DraftModelDrafter", "PromptLookupDrafter", "Schedule", "make_schedule",
     # submodules
-    "adapter", "drafters", "eagle", "masks", "sampling", "schedule", "testing", "training", "trees", "verify",
+    "adapter", "bench", "drafters", "formats", "heads", "masks", "recipes", "sampling", "schedule", "testing",
+    "training", "trees", "verify",
 ]

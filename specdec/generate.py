@@ -267,7 +267,8 @@ def generate(
         # 3. Draft: a tree per row (a chain is a tree); K = 0 is a plain decoding step.
         if drafter is not None and k > 0:
             draft, state = drafter.propose(state, ProposeRequest(
-                roots, cache.lengths, k, params, generator, active_t))
+                roots=roots, root_positions=cache.lengths, num_drafts=k, sampling=params, source=source,
+                active=active_t))
         else:
             draft = _empty_draft(B, device)
         clock.tick("draft")

@@ -83,7 +83,7 @@ def test_eagle_tree_sweep_measures_every_pair_and_matches_plain(tmp_path):
     spec = importlib.util.spec_from_file_location("eagle_tree_sweep", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from specdec.eagle import Eagle1Head
+    from specdec.heads import Eagle1Head
 
     target = tiny_model("llama", layers=2)
     head = Eagle1Head.from_target(target).float()

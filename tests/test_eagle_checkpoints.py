@@ -15,7 +15,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as ml
 
-from specdec.eagle import Eagle1Head, Eagle3Head, export_speculators, load_eagle_head, save_eagle_head
+from specdec.heads import Eagle1Head, Eagle3Head
+from specdec.formats import export_speculators, load_eagle_head, save_eagle_head
 from specdec.training import build_draft_vocab
 
 from tiny_models import VOCAB, tiny_model

@@ -5,25 +5,22 @@ import math
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny_model
 
+from specdec.drafters import EagleDrafter
 from specdec.drafters.base import Drafter, Feedback, ProposeRequest
-from specdec.eagle import (
+from specdec.heads import Eagle1Head, Eagle3Head
+from specdec.recipes import eagle1, eagle2, eagle3
+from specdec.sampling import TorchSource
+from specdec.trees import (
+    EAGLE_MC_SIM_7B_63,
     DynamicTree,
-    Eagle1Head,
-    Eagle3Head,
-    EagleDrafter,
     SampledTree,
     StaticTree,
-    eagle1,
-    eagle2,
-    eagle3,
     grow_dynamic_tree,
     grow_dynamic_tree_ref,
 )
-from specdec.trees import EAGLE_MC_SIM_7B_63
 from specdec.types import DraftScheme, SamplingParams
-
-from tiny_models import VOCAB, tiny_model
 
 torch.set_num_threads(1)
 
@@ -152,8 +149,9 @@ def _start_feedback(target, rows, roots, layers):
 
 
 def _request(lengths, roots, k, sampling=SamplingParams(), seed=0):
-    return ProposeRequest(torch.tensor(roots), lengths, k, sampling, torch.Generator().manual_seed(seed),
-                          torch.ones(len(roots), dtype=torch.bool))
+    return ProposeRequest(roots=torch.tensor(roots), root_positions=lengths, num_drafts=k, sampling=sampling,
+                          source=TorchSource(torch.Generator().manual_seed(seed)),
+                          active=torch.ones(len(roots), dtype=torch.bool))
 
 
 def _heads(target):

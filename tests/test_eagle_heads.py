@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.eagle import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers
+from specdec.heads import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers
 from specdec.training import build_draft_vocab
 
 from tiny_models import VOCAB, tiny_model

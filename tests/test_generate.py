@@ -5,7 +5,6 @@ import pytest
 import torch
 import transformers
 
-import specdec
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.generate import generate

@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from specdec import eagle
+from specdec import drafters, heads, recipes, trees
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.generate import generate
@@ -81,23 +81,23 @@ DRAFTERS = {
     "draft_model_tree_topk": lambda: DraftModelDrafter(_model(4, TARGET, 0.5), num_drafts=2, tree=TREE,
                                                        mode="topk"),
     "prompt_lookup": lambda: PromptLookupDrafter(max_ngram_size=2, num_drafts=3),
-    "eagle1_static_topk_tree": lambda: eagle.eagle1(_eagle1_head(), tree=TREE),
-    "eagle1_sampled_tree": lambda: eagle.EagleDrafter(_eagle1_head(), eagle.SampledTree(TREE)),
-    "eagle2_dynamic_tree": lambda: eagle.eagle2(_eagle1_head(), total_tokens=8, depth=2, top_k=3),
-    "eagle3_reduced_vocab": lambda: eagle.eagle3(_eagle3_head(), total_tokens=8, depth=2, top_k=2),
+    "eagle1_static_topk_tree": lambda: recipes.eagle1(_eagle1_head(), tree=TREE),
+    "eagle1_sampled_tree": lambda: drafters.EagleDrafter(_eagle1_head(), trees.SampledTree(TREE)),
+    "eagle2_dynamic_tree": lambda: recipes.eagle2(_eagle1_head(), total_tokens=8, depth=2, top_k=3),
+    "eagle3_reduced_vocab": lambda: recipes.eagle3(_eagle3_head(), total_tokens=8, depth=2, top_k=2),
 }
 
 
 def _eagle1_head():
     torch.manual_seed(5)
-    return eagle.Eagle1Head.from_target(TARGET)
+    return heads.Eagle1Head.from_target(TARGET)
 
 
 def _eagle3_head():
     torch.manual_seed(6)
     # a reduced draft vocabulary: 4 of the 6 target tokens (d2t / t2d map it back)
     d2t_t2d = build_draft_vocab(torch.tensor([5.0, 9.0, 1.0, 7.0, 3.0, 8.0]), 4)
-    return eagle.Eagle3Head.from_target(TARGET, draft_vocab=d2t_t2d, feature_layers=(0, 1, 2))
+    return heads.Eagle3Head.from_target(TARGET, draft_vocab=d2t_t2d, feature_layers=(0, 1, 2))
 
 
 def test_stated_power_detects_total_variation_of_three_hundredths():

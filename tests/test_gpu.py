@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import specdec as sd
-from specdec.eagle import DynamicTree, Eagle1Head, Eagle3Head, EagleDrafter, StaticTree
+from specdec.trees import DynamicTree, StaticTree
+from specdec.heads import Eagle1Head, Eagle3Head
+from specdec.drafters import EagleDrafter
 from specdec.trees import EAGLE_MC_SIM_7B_63
 
 from tiny_models import VOCAB, noisy_copy, tiny_model
@@ -84,7 +86,7 @@ def test_greedy_identity_on_cuda(target, make):
 
 
 def test_sampled_tree_at_temperature_runs_eagerly(target):
-    from specdec.eagle import SampledTree
+    from specdec.trees import SampledTree
 
     drafter = EagleDrafter(_heads(target)["eagle1"], SampledTree([(0,), (1,), (0, 0)]))
     ids, mask = _prompts(2)

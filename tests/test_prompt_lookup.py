@@ -38,7 +38,7 @@ def request(roots, k, active=None):
         root_positions=torch.zeros_like(roots),
         num_drafts=k,
         sampling=SamplingParams(),
-        generator=None,
+        source=None,
         active=torch.ones(len(roots), dtype=torch.bool) if active is None else torch.tensor(active),
     )
 

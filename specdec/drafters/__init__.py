@@ -1,7 +1,8 @@
 """Draft generators: each proposes a tree (a chain is a tree) and says how it chose its tokens."""
 from .base import Drafter, Feedback, ProposeRequest
 from .draft_model import DraftModelDrafter, DraftModelState
+from .eagle import EagleDrafter, EagleState
 from .prompt_lookup import PromptLookupDrafter, PromptLookupState
 
-__all__ = ["Drafter", "Feedback", "ProposeRequest", "DraftModelDrafter", "DraftModelState", "PromptLookupDrafter",
-           "PromptLookupState"]
+__all__ = ["Drafter", "Feedback", "ProposeRequest", "DraftModelDrafter", "DraftModelState", "EagleDrafter",
+           "EagleState", "PromptLookupDrafter", "PromptLookupState"]

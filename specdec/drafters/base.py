@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from ..sampling import RandomSource
 from ..types import Draft, SamplingParams
 
 __all__ = ["Feedback", "ProposeRequest", "Drafter"]
@@ -56,7 +57,9 @@ class ProposeRequest(NamedTuple):
             must never be deeper than ``K`` (the verifiers rely on it). ``0`` never reaches a drafter (the step
             is plain decoding).
         sampling: the sampling parameters of the run (drafters that sample apply them to their own logits).
-        generator: the randomness of the run; drafters never use the global RNG.
+        source: the run's randomness (a :class:`~specdec.sampling.RandomSource`; ``None`` when greedy), the
+            same source the verifier draws from, so pre-drawn noise can drive a whole step. Drafters never use
+            the global RNG.
         active: Shape ``[B]`` bool, rows still generating (a drafter may skip work for finished rows).
     """
 
@@ -64,7 +67,7 @@ class ProposeRequest(NamedTuple):
     root_positions: torch.Tensor
     num_drafts: int
     sampling: SamplingParams
-    generator: torch.Generator | None
+    source: RandomSource | None
     active: torch.Tensor
 
 

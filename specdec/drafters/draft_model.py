@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ..adapter import CacheState, ModelAdapter
-from ..sampling import as_source, process_logits
+from ..sampling import process_logits
 from ..trees import Tree, chain_tree, compile_tree
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
@@ -132,7 +132,7 @@ class DraftModelDrafter:
         mode = self.mode
         if mode == "auto" or request.sampling.is_greedy:
             mode = "topk" if request.sampling.is_greedy else "sample"
-        source = None if mode == "topk" else as_source(request.generator)
+        source = None if mode == "topk" else request.source
         device = request.roots.device
         B = request.roots.shape[0]
         N = tree.num_nodes

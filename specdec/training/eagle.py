@@ -11,7 +11,7 @@
 
 Both loops: AdamW (betas 0.9 / 0.95), linear warm-up then cosine decay, gradient clipping, bf16 autocast on
 CUDA, random windows of a token stream (no per-token Python loops), a tqdm bar, periodic checkpoints in the
-format :func:`specdec.eagle.load_eagle_head` reads.
+format :func:`specdec.formats.load_eagle_head` reads.
 
 References:
     EAGLE arXiv 2401.15077 (Sec. 4.2, training); EAGLE-3 arXiv 2503.01840 (training-time test, Sec. 3);
@@ -28,8 +28,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..eagle.checkpoints import save_eagle_head
-from ..eagle.heads import Eagle1Head, Eagle3Head, target_dims
+from ..formats.eagle import save_eagle_head
+from ..heads.eagle import Eagle1Head, Eagle3Head, target_dims
 
 __all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "draft_vocab_size_for_coverage", "token_stream",
            "ttt_forward", "train_eagle1", "train_eagle3"]

@@ -278,7 +278,7 @@ class DynamicTree:
         return max(depth - 1, 0)
 
     def grow(self, root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
-             draft_to_target=None, sampling: SamplingParams | None = None, generator=None,
+             draft_to_target=None, sampling: SamplingParams | None = None, source=None,
              vocab_size: int | None = None) -> Draft:
         """Build the step's tree (see :func:`grow_dynamic_tree`); sampling parameters do not change it.
 
@@ -288,7 +288,7 @@ class DynamicTree:
             expand: the head's frontier forward.
             depth: levels for this step (``<= self.depth``).
             draft_to_target: draft-to-target id map.
-            sampling, generator, vocab_size: unused (top-k drafts are deterministic; verified target-only).
+            sampling, source, vocab_size: unused (top-k drafts are deterministic; verified target-only).
 
         Returns:
             A ``DETERMINISTIC`` :class:`~specdec.types.Draft`.

@@ -1,16 +1,9 @@
-"""The EAGLE drafter: one class for every EAGLE recipe (a head + a tree policy).
+"""The EAGLE drafter: an autoregressive feature-level head (EAGLE-1 / EAGLE-3) driven by a tree policy.
 
 :class:`EagleDrafter` implements the :class:`~specdec.drafters.Drafter` protocol around an
-:class:`~specdec.eagle.Eagle1Head` or :class:`~specdec.eagle.Eagle3Head`. Tree policies:
-
-- :class:`StaticTree`: a fixed tree of sibling ranks (EAGLE-1's ``mc_sim_7b_63``); node ``i`` gets the
-  ``rank(i)``-th most likely child of its parent. ``DETERMINISTIC``.
-- :class:`~specdec.eagle.DynamicTree`: EAGLE-2's per-step tree (expand top-k, rerank). ``DETERMINISTIC``.
-- :class:`SampledTree`: EAGLE-1's sampled static tree: each node's children are drawn *without replacement*
-  from the head's processed distribution. ``WITHOUT_REPLACEMENT`` (with ``draft_probs``).
-
-Recipes: :func:`eagle1` (EAGLE-1 head + static tree), :func:`eagle2` (EAGLE-1 head + dynamic tree),
-:func:`eagle3` (EAGLE-3 head + dynamic tree).
+:class:`~specdec.heads.Eagle1Head` or :class:`~specdec.heads.Eagle3Head`, with any tree policy of
+:mod:`specdec.trees` (``StaticTree``, ``SampledTree``, ``DynamicTree``). The methods are recipes in
+:mod:`specdec.recipes` (``eagle1``, ``eagle2``, ``eagle3``).
 
 The head's KV cache, per row (slot = position of the feature, so rows stay aligned without compaction)::
 
@@ -31,267 +24,16 @@ References:
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from ..drafters.base import Feedback, ProposeRequest
-from ..types import Draft, DraftScheme, SamplingParams
-from .dynamic_tree import DynamicTree, ExpandFn
-from .heads import Eagle1Head, Eagle3Head, HeadCache
+from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
+from ..trees.static import as_policy
+from ..types import Draft, DraftScheme
+from .base import Feedback, ProposeRequest
 
-__all__ = ["EagleDrafter", "EagleState", "StaticTree", "SampledTree", "eagle1", "eagle2", "eagle3"]
-
-
-# --------------------------------------------------------------------------------------------------------
-# Static trees
-# --------------------------------------------------------------------------------------------------------
-
-
-def _compile(tree):
-    from .. import trees
-
-    if hasattr(tree, "parents") and hasattr(tree, "prune"):
-        return tree
-    return trees.compile_tree(tree)
-
-
-class _StaticPlan(NamedTuple):
-    parents: torch.Tensor            # [N + 1]
-    depths: torch.Tensor             # [N + 1]
-    level_nodes: list                # per level d = 1..D: node indices [n_d]
-    level_width: list                # per level: top-k width (max rank + 1)
-    level_parent_pos: list           # per level d >= 2: position of each node's parent in expanded[d - 1]
-    level_ranks: list                # per level: rank of each node
-    expanded: list                   # per level d = 1..D-1: expanded node indices [F_d]
-    expanded_parent_pos: list        # per level d >= 2: position of each expanded node's parent in expanded[d-1]
-    visible: list                    # per level d = 1..D-1: [F_d, S_d] bool over scratch slots
-    num_expanded: int
-
-
-def _build_plan(tree, device) -> _StaticPlan:
-    parents = tree.parents.tolist()
-    depths = tree.depths.tolist()
-    ranks = tree.ranks.tolist()
-    children = tree.num_children.tolist()
-    anc = tree.ancestor_mask.cpu()
-    D = tree.max_depth
-    levels = [[i for i in range(1, len(parents)) if depths[i] == d] for d in range(1, D + 1)]
-    expanded = [[i for i in nodes if children[i] > 0] for nodes in levels[:-1]]
-    slot_order = [i for level in expanded for i in level]
-    visible, seen = [], 0
-    for level in expanded:
-        seen += len(level)
-        cols = torch.tensor(slot_order[:seen], dtype=torch.long)
-        rows = torch.tensor(level, dtype=torch.long)
-        visible.append(anc[rows][:, cols].to(device))
-
-    def t(values):
-        return torch.tensor(values, dtype=torch.long, device=device)
-
-    def pos_in(prev, nodes):
-        index = {n: j for j, n in enumerate(prev)}
-        return t([index[parents[n]] for n in nodes])
-
-    return _StaticPlan(
-        parents=t(parents),
-        depths=t(depths),
-        level_nodes=[t(nodes) for nodes in levels],
-        level_width=[max(ranks[i] for i in nodes) + 1 for nodes in levels],
-        level_parent_pos=[None] + [pos_in(expanded[d - 1], levels[d]) for d in range(1, D)],
-        level_ranks=[t([ranks[i] for i in nodes]) for nodes in levels],
-        expanded=[t(level) for level in expanded],
-        expanded_parent_pos=[None] + [pos_in(expanded[d - 1], expanded[d]) for d in range(1, D - 1)],
-        visible=visible,
-        num_expanded=len(slot_order),
-    )
-
-
-class StaticTree:
-    """EAGLE-1's static tree policy: node ``i`` is its parent's ``rank(i)``-th most likely child.
-
-    Args:
-        tree: a compiled :class:`specdec.trees.Tree` or tree choices (e.g.
-            ``specdec.trees.EAGLE_MC_SIM_7B_63``). A step's ``K`` prunes it to depth ``K``.
-
-    References:
-        EAGLE arXiv 2401.15077 (``mc_sim_7b_63``, ``generate_tree_buffers``).
-    """
-
-    scheme = DraftScheme.DETERMINISTIC
-
-    def __init__(self, tree):
-        self.tree = _compile(tree)
-        if self.tree.max_depth < 1:
-            raise ValueError("the static tree has no draft node: give at least one path, e.g. [(0,)]")
-        self._plans: dict = {}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.tree!r})"
-
-    @property
-    def max_depth(self) -> int:
-        """Deepest level of the tree."""
-        return self.tree.max_depth
-
-    def plan(self, depth: int, device) -> _StaticPlan:
-        """The tree pruned to ``depth`` levels, laid out per level (built once per depth and device).
-
-        Args:
-            depth: levels to keep (``Tree.prune``).
-            device: where the index tensors live.
-
-        Returns:
-            The cached per-level layout (node indices, top-k widths, expanded nodes, scratch visibility).
-        """
-        key = (depth, str(device))
-        if key not in self._plans:
-            self._plans[key] = _build_plan(self.tree.prune(depth), torch.device(device))
-        return self._plans[key]
-
-    def scratch_slots(self, depth: int) -> int:
-        """Head KV slots written per step (nodes with children above the last level).
-
-        Args:
-            depth: levels drafted.
-
-        Returns:
-            The number of scratch slots.
-        """
-        return self.plan(depth, "cpu").num_expanded
-
-    def num_forwards(self, depth: int) -> int:
-        """Head forwards per step beyond the root's.
-
-        Args:
-            depth: levels drafted.
-
-        Returns:
-            One per level that has children.
-        """
-        return len(self.plan(depth, "cpu").expanded)
-
-    def _children(self, logits, width, parent_pos, ranks, to_target, sampling, source, vocab_size):
-        # logits [B, F, V']; returns target tokens [B, n], plus (draft_probs [B, n, V], present [B, n]) or None
-        ids = logits.float().topk(width, dim=-1).indices
-        return to_target(ids[:, parent_pos, ranks]), None
-
-    def grow(self, root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
-             draft_to_target=None, sampling: SamplingParams | None = None, generator=None,
-             vocab_size: int | None = None) -> Draft:
-        """Draft the tree pruned to ``depth`` levels, one ``expand`` call per level above the last.
-
-        Args:
-            root_logits: the head's logits after the root. Shape: ``[B, V']``.
-            root_hidden: the head's output at the root. Shape: ``[B, H]``.
-            expand: the head's frontier forward (see :mod:`specdec.eagle.dynamic_tree`).
-            depth: levels to draft (``<= max_depth``).
-            draft_to_target: draft-to-target id map (identity if ``None``).
-            sampling, generator, vocab_size: used by :class:`SampledTree` only.
-
-        Returns:
-            A :class:`~specdec.types.Draft` (every row the same tree shape).
-        """
-        to_target = draft_to_target or (lambda x: x)
-        plan = self.plan(depth, root_logits.device)
-        B, H = root_hidden.shape
-        source = None
-        if self.scheme is not DraftScheme.DETERMINISTIC and sampling is not None and not sampling.is_greedy:
-            from ..sampling import as_source
-
-            source = as_source(generator)
-        N = plan.parents.shape[0] - 1
-        tokens = root_logits.new_zeros((B, N + 1), dtype=torch.long)
-        probs = present = None
-        if source is not None:
-            probs = root_logits.new_zeros((B, N + 1, vocab_size), dtype=torch.float32)
-            present = torch.ones(B, N + 1, dtype=torch.bool, device=root_logits.device)
-
-        def place(level, logits, parent_pos):
-            nodes = plan.level_nodes[level]
-            got, extra = self._children(logits, plan.level_width[level], parent_pos, plan.level_ranks[level],
-                                        to_target, sampling, source, vocab_size)
-            tokens[:, nodes] = got
-            if extra is not None:
-                probs[:, nodes], present[:, nodes] = extra
-
-        zero = torch.zeros(len(plan.level_nodes[0]), dtype=torch.long, device=root_logits.device)
-        place(0, root_logits[:, None], zero)
-        hidden_prev = root_hidden[:, None]
-        for d in range(1, depth):
-            nodes = plan.expanded[d - 1]
-            F = nodes.shape[0]
-            if d == 1:
-                parent_hidden = hidden_prev.expand(B, F, H)
-            else:
-                parent_hidden = hidden_prev.index_select(1, plan.expanded_parent_pos[d - 1])
-            visible = plan.visible[d - 1][None].expand(B, -1, -1)
-            logits, hidden_prev = expand(tokens[:, nodes], parent_hidden, visible, d)
-            place(d, logits, plan.level_parent_pos[d])
-        parents = plan.parents[None].expand(B, -1).clone()
-        depths = plan.depths[None].expand(B, -1).clone()
-        if source is None:
-            return Draft(tokens[:, 1:], parents, depths, None, DraftScheme.DETERMINISTIC)
-        for d in range(1, depth):  # a node is present only if its whole path is
-            nodes = plan.level_nodes[d]
-            present[:, nodes] &= present[:, plan.parents[nodes]]
-        parents = parents.masked_fill(~present, -1)
-        depths = depths.masked_fill(~present, 0)
-        return Draft(tokens[:, 1:], parents, depths, probs[:, 1:], DraftScheme.WITHOUT_REPLACEMENT)
-
-
-class SampledTree(StaticTree):
-    """EAGLE-1's sampled static tree: each node's children are drawn without replacement from the head.
-
-    Child ``r`` of a node is sampled from the head's processed distribution (temperature / top-k / top-p, the
-    run's :class:`~specdec.types.SamplingParams`) with its ``r`` earlier siblings removed and the rest
-    renormalised. ``draft_probs`` of a node is its parent's full processed distribution (over the target
-    vocabulary). A child that cannot be drawn (the distribution has fewer tokens than the tree wants) is
-    absent (``parents == -1``), with its subtree. At temperature 0 it drafts the top-k tree
-    (``DETERMINISTIC``), like :class:`StaticTree`.
-
-    Args:
-        tree: a compiled tree or tree choices.
-
-    References:
-        EAGLE arXiv 2401.15077 (v1 code: ``multinomial(..., replacement=False)``); Jeon et al., "Recursive
-        Speculative Decoding", arXiv 2402.14160 (lossless verification of drafts sampled without replacement).
-    """
-
-    scheme = DraftScheme.WITHOUT_REPLACEMENT
-
-    def _children(self, logits, width, parent_pos, ranks, to_target, sampling, source, vocab_size):
-        if source is None:
-            return super()._children(logits, width, parent_pos, ranks, to_target, sampling, source, vocab_size)
-        from ..sampling import process_logits
-
-        B, F, Vd = logits.shape
-        draft_probs = process_logits(logits.float(), sampling)          # [B, F, V']
-        weights = draft_probs.clone()
-        picks, ok = [], []
-        for _ in range(width):
-            idx = source.categorical(weights)                            # [B, F]
-            ok.append(weights.gather(-1, idx[..., None])[..., 0] > 0)
-            weights.scatter_(-1, idx[..., None], 0.0)
-            picks.append(idx)
-        picks = torch.stack(picks, -1)[:, parent_pos, ranks]             # [B, n]
-        ok = torch.stack(ok, -1)[:, parent_pos, ranks]
-        targets = to_target(torch.arange(Vd, device=logits.device))
-        full = draft_probs.new_zeros(B, F, vocab_size)
-        full[..., targets] = draft_probs
-        return to_target(picks), (full[:, parent_pos], ok)
-
-
-def _as_policy(tree):
-    if isinstance(tree, (DynamicTree, StaticTree)):
-        return tree
-    if tree is None:
-        return DynamicTree()
-    if hasattr(tree, "parents") or isinstance(tree, (Sequence, str)):
-        return StaticTree(tree)
-    raise TypeError(f"tree must be a DynamicTree, StaticTree, SampledTree, a compiled Tree or tree choices, got "
-                    f"{type(tree).__name__}")
+__all__ = ["EagleDrafter", "EagleState"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -327,9 +69,9 @@ class EagleDrafter:
     """Drafter for the EAGLE family: an EAGLE head plus a tree policy.
 
     Args:
-        head: an :class:`~specdec.eagle.Eagle1Head` or :class:`~specdec.eagle.Eagle3Head` (on the target's
+        head: an :class:`~specdec.heads.Eagle1Head` or :class:`~specdec.heads.Eagle3Head` (on the target's
             device).
-        tree: the tree policy: :class:`~specdec.eagle.DynamicTree` (default ``DynamicTree()``: EAGLE-2),
+        tree: the tree policy: :class:`~specdec.trees.DynamicTree` (default ``DynamicTree()``: EAGLE-2),
             :class:`StaticTree` / a compiled tree / tree choices (EAGLE-1), or :class:`SampledTree`.
         resync_every: updates between the deliberate host syncs that re-tighten the cache bound.
         cuda_graphs: on CUDA, capture ``propose`` as a CUDA graph per (batch size, depth), and ``update`` per
@@ -353,9 +95,9 @@ class EagleDrafter:
     def __init__(self, head, tree=None, *, resync_every: int = 16, cuda_graphs: bool = True):
         if not isinstance(head, (Eagle1Head, Eagle3Head)):
             raise TypeError(f"head must be an Eagle1Head or Eagle3Head, got {type(head).__name__}; load one with "
-                            f"specdec.eagle.load_eagle_head(path, target)")
+                            f"specdec.formats.load_eagle_head(path, target)")
         self.head = head
-        self.policy = _as_policy(tree)
+        self.policy = as_policy(tree)
         self.max_num_drafts = self.policy.max_depth
         self.feature_layers = tuple(head.feature_layers)
         self.vocab_size = head.config.vocab_size
@@ -493,9 +235,9 @@ class EagleDrafter:
             return head.logits(out), out
 
         sampling = request.sampling if request is not None else None
-        generator = request.generator if request is not None else None
+        source = request.source if request is not None else None
         return self.policy.grow(head.logits(state.last_hidden), state.last_hidden, expand, depth=depth,
-                                draft_to_target=head.draft_to_target, sampling=sampling, generator=generator,
+                                draft_to_target=head.draft_to_target, sampling=sampling, source=source,
                                 vocab_size=head.config.vocab_size)
 
     # ---- CUDA graphs ---------------------------------------------------------------------------------
@@ -611,61 +353,3 @@ class _GraphedUpdate:
         self.graph.replay()
         lengths, last_hidden = self.out
         return lengths.clone(), last_hidden.clone()
-
-
-# --------------------------------------------------------------------------------------------------------
-# Recipes
-# --------------------------------------------------------------------------------------------------------
-
-
-def eagle1(head: Eagle1Head, tree=None) -> EagleDrafter:
-    """EAGLE-1: an EAGLE-1 head with a static top-k tree (default ``EAGLE_MC_SIM_7B_63``).
-
-    Args:
-        head: an :class:`~specdec.eagle.Eagle1Head`.
-        tree: tree choices or a compiled tree (default: the authors' 26-node ``mc_sim_7b_63``).
-
-    Returns:
-        An :class:`EagleDrafter`.
-
-    References:
-        EAGLE arXiv 2401.15077.
-    """
-    from ..trees import EAGLE_MC_SIM_7B_63
-
-    return EagleDrafter(head, StaticTree(EAGLE_MC_SIM_7B_63 if tree is None else tree))
-
-
-def eagle2(head, *, total_tokens: int = 60, depth: int = 6, top_k: int = 10) -> EagleDrafter:
-    """EAGLE-2: an EAGLE head with the dynamic tree (expand top-k by cumulative log-prob, rerank).
-
-    Args:
-        head: an :class:`~specdec.eagle.Eagle1Head` (or an EAGLE-3 head).
-        total_tokens, depth, top_k: see :class:`~specdec.eagle.DynamicTree`.
-
-    Returns:
-        An :class:`EagleDrafter`.
-
-    References:
-        EAGLE-2 arXiv 2406.16858.
-    """
-    return EagleDrafter(head, DynamicTree(total_tokens, depth, top_k))
-
-
-def eagle3(head: Eagle3Head, *, total_tokens: int = 60, depth: int = 8, top_k: int = 10) -> EagleDrafter:
-    """EAGLE-3: an EAGLE-3 head with the dynamic tree (deeper by default: the authors advise depth 7-8 in
-    their convention, i.e. 8-9 levels here).
-
-    Args:
-        head: an :class:`~specdec.eagle.Eagle3Head`.
-        total_tokens, depth, top_k: see :class:`~specdec.eagle.DynamicTree`.
-
-    Returns:
-        An :class:`EagleDrafter`.
-
-    References:
-        EAGLE-3 arXiv 2503.01840; SafeAILab/EAGLE issue #209 (depth advice).
-    """
-    if not isinstance(head, Eagle3Head):
-        raise TypeError(f"eagle3() needs an Eagle3Head, got {type(head).__name__}; use eagle2() for an EAGLE-1 head")
-    return EagleDrafter(head, DynamicTree(total_tokens, depth, top_k))

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .heads import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers, target_dims
+from ..heads.eagle import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers, target_dims
 
 __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]
 

@@ -1,0 +1,8 @@
+"""Load and save the public checkpoint formats of draft heads (one module per format family).
+
+- :mod:`specdec.formats.eagle`: the EAGLE authors' EAGLE-1 / EAGLE-3 layouts, the vLLM ``speculators`` layout
+  (load and :func:`export_speculators`), hub ids or local paths.
+"""
+from .eagle import export_speculators, load_eagle_head, read_state_dict, save_eagle_head
+
+__all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]

@@ -1,0 +1,11 @@
+"""Draft heads: small networks that read the target's features and propose tokens.
+
+- EAGLE-1 / EAGLE-3 (:mod:`specdec.heads.eagle`): autoregressive feature-level heads, one forward per tree level.
+
+Loading and saving the public checkpoint formats is in :mod:`specdec.formats`; training in
+:mod:`specdec.training`; the methods built from them in :mod:`specdec.recipes`.
+"""
+from .eagle import Eagle1Head, Eagle3Head, EagleConfig, HeadCache, check_draft_vocab, default_feature_layers, target_dims
+
+__all__ = ["Eagle1Head", "Eagle3Head", "EagleConfig", "HeadCache", "check_draft_vocab", "default_feature_layers",
+           "target_dims"]

@@ -1,0 +1,40 @@
+"""Trees of draft tokens: the compiler (tree choices -> :class:`Tree`), presets, tree algebra, and tree policies.
+
+- :mod:`specdec.trees.core`: :func:`compile_tree`, :func:`chain_tree`, :class:`Tree` (``cu_drafts_per_level``,
+  parents, depths, retrieve paths), :func:`ancestor_matrix`, the public presets.
+- Tree policies (how a head's distributions become a tree each step): :class:`StaticTree`,
+  :class:`SampledTree` (:mod:`specdec.trees.static`), :class:`DynamicTree` (EAGLE-2,
+  :mod:`specdec.trees.dynamic`).
+"""
+from .core import (
+    EAGLE_MC_SIM_7B_63,
+    MEDUSA_MC_SIM_7B_63,
+    MEDUSA_VICUNA_7B_STAGE1,
+    MEDUSA_VICUNA_7B_STAGE1_ABLATION,
+    MEDUSA_VICUNA_7B_STAGE2,
+    MEDUSA_VICUNA_13B_STAGE1,
+    MEDUSA_VICUNA_13B_STAGE2,
+    MEDUSA_VICUNA_33B_STAGE1,
+    MEDUSA_VICUNA_33B_STAGE2,
+    MEDUSA_ZEPHYR_STAGE2,
+    TREE_PRESETS,
+    Tree,
+    TreeChoices,
+    ancestor_matrix,
+    chain_tree,
+    compile_tree,
+    depths_from_parents,
+    retrieve_paths,
+    validate_parents,
+)
+from .dynamic import DynamicTree, ExpandFn, grow_dynamic_tree, grow_dynamic_tree_ref
+from .static import SampledTree, StaticTree, as_policy
+
+__all__ = [
+    "Tree", "TreeChoices", "compile_tree", "chain_tree", "depths_from_parents", "ancestor_matrix", "retrieve_paths",
+    "validate_parents", "EAGLE_MC_SIM_7B_63", "MEDUSA_MC_SIM_7B_63", "MEDUSA_VICUNA_7B_STAGE2",
+    "MEDUSA_VICUNA_7B_STAGE1", "MEDUSA_VICUNA_7B_STAGE1_ABLATION", "MEDUSA_VICUNA_13B_STAGE2",
+    "MEDUSA_VICUNA_13B_STAGE1", "MEDUSA_VICUNA_33B_STAGE2", "MEDUSA_VICUNA_33B_STAGE1", "MEDUSA_ZEPHYR_STAGE2",
+    "TREE_PRESETS", "StaticTree", "SampledTree", "DynamicTree", "ExpandFn", "as_policy", "grow_dynamic_tree",
+    "grow_dynamic_tree_ref",
+]
