@@ -282,6 +282,30 @@ def test_tree_kernel_equals_reference_under_shared_noise(batch, nodes, vocab, to
     assert accepted_any or nodes <= 1
 
 
+@needs_kernels
+def test_tree_kernel_star_with_more_children_than_one_exclusion_group():
+    # 40 children of the root (the kernel packs rejected children in groups of 16): when all are rejected, the next
+    # token is none of them.
+    batch, nodes, vocab = 3, 40, 300
+    target = target_distributions(7, batch, nodes, vocab)
+    parents = torch.tensor([[-1] + [0] * nodes] * batch)
+    depths = torch.tensor([[0] + [1] * nodes] * batch)
+    tokens = torch.stack([torch.randperm(vocab, generator=torch.Generator().manual_seed(b))[:nodes] for b in range(3)])
+    draft = to_device(Draft(tokens, parents, depths, None, DET))
+    target = target.to(DEVICE)
+    all_rejected = 0
+    for trial in range(3):
+        noise = [t.to(DEVICE) for t in draw_verify_noise(torch.Generator().manual_seed(trial), batch, nodes, vocab,
+                                                          "cpu")]
+        want = verify_tree_deterministic_noise_ref(target, draft, *noise)
+        assert_same(kernel(verify_tree_deterministic_noise, target, draft, *noise), want)
+        for b in range(batch):
+            if want.num_accepted[b] == 0:
+                all_rejected += 1
+                assert int(want.next_tokens[b]) not in tokens[b].tolist()
+    assert all_rejected > 0
+
+
 def test_tree_noise_verifier_refuses_sampled_drafts_and_bad_noise():
     draft = random_chains(0, 2, 3, 10, IID)
     target = target_distributions(0, 2, 3, 10)

@@ -675,7 +675,7 @@ def _tree_race_kernel(target_ptr, tokens_ptr, parents_ptr, uniforms_ptr, exps_pt
                       nodes, vocab, chunk, num_chunks,
                       stride_tb, stride_tn, stride_tv, stride_xb, stride_xn, stride_pb, stride_pn,
                       stride_ub, stride_un, stride_eb, stride_ev,
-                      BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per (row, vocabulary chunk): the tree walk (recomputed, in registers) and the race partials."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -708,8 +708,13 @@ def _tree_race_kernel(target_ptr, tokens_ptr, parents_ptr, uniforms_ptr, exps_pt
     if c == 0:
         tl.store(current_ptr + row, current)
 
-    children = present & (parents == current)
-    child_tokens = tl.where(children, tokens, -1)
+    # The last accepted node's children (all rejected) leave the residual. Their tokens are packed into groups of
+    # BLOCK_C (rank = prefix count), so a tile is compared with BLOCK_C tokens, not with every node: one group for
+    # trees with at most BLOCK_C children per node, as EAGLE-2's top-k trees.
+    children = (present & (parents == current)).to(tl.int32)
+    rank = tl.cumsum(children, 0) - 1
+    num_children = tl.sum(children, 0)
+    group = tl.arange(0, BLOCK_C)
     p_row = target_ptr + row * stride_tb + current * stride_tn
     lo = c * chunk
     hi = tl.minimum(lo + chunk, vocab)
@@ -722,7 +727,11 @@ def _tree_race_kernel(target_ptr, tokens_ptr, parents_ptr, uniforms_ptr, exps_pt
         inside = lanes < hi
         p = tl.load(p_row + lanes * stride_tv, mask=inside, other=0).to(tl.float64)
         exps = tl.load(exps_ptr + row * stride_eb + lanes * stride_ev, mask=inside, other=1).to(tl.float64)
-        excluded = tl.max((lanes[:, None] == child_tokens[None, :]).to(tl.int32), 1) > 0
+        excluded = lanes < 0
+        for first in range(0, num_children, BLOCK_C):
+            pick = (rank[None, :] == first + group[:, None]) & (children[None, :] > 0)
+            kids = tl.max(tl.where(pick, tokens[None, :], -1), 1)
+            excluded = excluded | (tl.max((lanes[:, None] == kids[None, :]).to(tl.int32), 1) > 0)
         residual = tl.where(excluded, 0.0, p)
         best_r, index_r = _race_tile(residual, exps, inside, best_r, index_r, start)
         best_p, index_p = _race_tile(p, exps, inside, best_p, index_p, start)
@@ -741,8 +750,10 @@ def _verify_tree_deterministic_noise_triton(target_probs, draft, uniforms, expon
         empty = torch.empty(0, dtype=torch.long, device=device)
         return VerifyResult(empty.reshape(0, depth + 1), empty, empty)
     block_n = next_pow2(nodes + 1)
-    # The children exclusion compares a [block_v, block_n] tile: keep it at 8192 elements (64 per thread).
-    block_v = max(64, min(_BLOCK_V, 8192 // block_n)) if not INTERPRETED else _BLOCK_V
+    block_c = min(block_n, 16)
+    # The children exclusion compares a [block_v, block_c] tile: 4096 elements (32 per thread) keeps the kernel
+    # under ~170 registers on sm_90, with no spills.
+    block_v = min(_BLOCK_V, 4096 // block_c) if not INTERPRETED else _BLOCK_V
     chunk, num_chunks = _chunks(batch, vocab, block_v)
     scores = torch.empty(batch, num_chunks, 2, dtype=torch.float64, device=device)
     indices = torch.empty(batch, num_chunks, 2, dtype=torch.int32, device=device)
@@ -753,7 +764,7 @@ def _verify_tree_deterministic_noise_triton(target_probs, draft, uniforms, expon
     _tree_race_kernel[(batch, num_chunks)](
         target_probs, tokens, parents, noise_u, exponentials, scores, indices, current,
         nodes, vocab, chunk, num_chunks, *target_probs.stride(), *tokens.stride(), *parents.stride(),
-        *noise_u.stride(), *exponentials.stride(), BLOCK_N=block_n, BLOCK_V=block_v,
+        *noise_u.stride(), *exponentials.stride(), BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_V=block_v,
     )
     return _launch_finish(scores, indices, current, draft, depth, num_chunks)
 
