@@ -1,0 +1,40 @@
+"""Triton kernels for the hot paths of a decoding step, each beside its torch reference.
+
+Every op has a kernel (or two), a launcher, a torch reference ``<op>_ref`` with the identical signature, and the
+public ``<op>`` that dispatches: the kernel when its tensors are on CUDA and ``triton`` imports, the reference
+otherwise. :func:`kernel_mode` forces either (tests, benchmarks). ``import specdec.kernels`` works without
+triton: the references are used.
+
+=========================================== ======================================== ===================================
+op                                          replaces                                 launches
+=========================================== ======================================== ===================================
+:func:`tree_mask`                           ``ModelAdapter.forward``'s mask building  1
+:func:`verify_greedy`                       :func:`specdec.verify.verify_greedy`      2
+:func:`verify_chain_noise`                  chain rejection sampling under noise      2
+:func:`verify_tree_deterministic_noise`     target-only tree rejection under noise    2
+:func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
+:func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
+=========================================== ======================================== ===================================
+
+On CPU the kernels run under the Triton interpreter when ``TRITON_INTERPRET=1`` is set before this package is
+imported (the test suite does so when no GPU is present). See ``docs/kernels.md``.
+"""
+from ._dispatch import (KERNEL_MODES, get_kernel_mode, interpreter_enabled, kernel_mode, set_kernel_mode,
+                        triton_available)
+from .kv_compact import compact_kv, compact_kv_ref
+from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
+from .tree_mask import TreeMask, tree_mask, tree_mask_ref
+from .verify import (VerifyNoise, draw_verify_noise, verify_chain_noise, verify_chain_noise_ref, verify_greedy,
+                     verify_greedy_ref, verify_tree_deterministic_noise, verify_tree_deterministic_noise_ref)
+
+__all__ = [
+    # dispatch
+    "KERNEL_MODES", "kernel_mode", "set_kernel_mode", "get_kernel_mode", "triton_available", "interpreter_enabled",
+    # ops and their references
+    "TreeMask", "tree_mask", "tree_mask_ref",
+    "verify_greedy", "verify_greedy_ref",
+    "VerifyNoise", "draw_verify_noise", "verify_chain_noise", "verify_chain_noise_ref",
+    "verify_tree_deterministic_noise", "verify_tree_deterministic_noise_ref",
+    "compact_kv", "compact_kv_ref",
+    "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
+]

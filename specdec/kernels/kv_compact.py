@@ -1,0 +1,228 @@
+"""KV-cache compaction of the accepted paths: every layer's keys and values in one launch.
+
+What :meth:`specdec.adapter.ModelAdapter.commit` does per layer (two gathers and two concatenations per layer,
+so ``4 * layers`` kernels)::
+
+    k = cat([k[:, :, :Lc], k.gather(2, Lc + keep.clamp(min=0))], 2)       # [B, H, Lc + A, d]
+
+:func:`compact_kv` does it for all layers at once: the launcher passes a table of the layers' data pointers and
+one program per (tensor, row, head) copies its slots. ``inplace=True`` moves only the ``A`` kept slots inside
+the existing tensors (all loads before a barrier, then all stores, so overlapping moves are safe) and returns
+views: ``A`` slots of traffic per row and head instead of ``Lc + A``. Both keep the identity fast path: when every
+row keeps a prefix of its pending slots (a chain, or nothing rejected), the result is a view and nothing moves.
+
+References:
+    - vLLM / SGLang keep a paged cache and only rewrite slot mappings; with HF's contiguous ``DynamicCache`` the
+      accepted entries must move, as in Medusa / EAGLE's ``tree_decoding`` ``past_key_values`` index_select.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._dispatch import use_kernel
+from ._triton import jit, next_pow2, pointer_table, tl
+
+__all__ = ["compact_kv", "compact_kv_ref"]
+
+
+def _check(keys, values, keep, counts, committed_len, inplace) -> tuple[int, int]:
+    keys, values = list(keys), list(values)
+    if len(keys) != len(values):
+        raise ValueError(f"compact_kv: got {len(keys)} key tensors but {len(values)} value tensors; pass one per layer")
+    if not isinstance(keep, torch.Tensor) or keep.dim() != 2 or keep.dtype.is_floating_point:
+        raise ValueError("compact_kv: keep must be an int64 tensor of shape [B, A] (pending indices, -1 padded)")
+    batch, kept = keep.shape
+    if not isinstance(counts, torch.Tensor) or tuple(counts.shape) != (batch,):
+        raise ValueError(f"compact_kv: counts must have shape [B] = [{batch}] (real entries of keep per row)")
+    devices = {keep.device, counts.device}
+    for tensor in keys + values:
+        devices.add(tensor.device)
+        if tensor.dim() != 4 or tensor.shape[0] != batch:
+            raise ValueError(
+                f"compact_kv: every cache tensor must have shape [B, heads, L, head_dim] with B = {batch}, got "
+                f"{tuple(tensor.shape)}"
+            )
+        if not (0 <= committed_len <= tensor.shape[2]):
+            raise ValueError(
+                f"compact_kv: committed_len={committed_len} is outside [0, L = {tensor.shape[2]}]: pass the number of "
+                f"committed slots (CacheState.committed_valid.shape[1])"
+            )
+        if inplace and committed_len + kept > tensor.shape[2]:
+            raise ValueError(
+                f"compact_kv: inplace needs Lc + A = {committed_len + kept} <= L = {tensor.shape[2]} (keep at most "
+                f"the pending slots); use inplace=False"
+            )
+    if len(devices) > 1:
+        raise ValueError(f"compact_kv: all tensors must be on one device, got {sorted(map(str, devices))}")
+    return batch, kept
+
+
+def _is_identity(keep: torch.Tensor, counts: torch.Tensor, pending: int) -> bool:
+    # The one host sync of a commit: does every row keep a prefix of its pending slots (e.g. a chain)?
+    kept = keep.shape[1]
+    ar = torch.arange(kept, device=keep.device)[None, :]
+    return kept <= pending and bool(((keep == ar) | (ar >= counts[:, None])).all())
+
+
+def compact_kv_ref(
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    keep: torch.Tensor,
+    counts: torch.Tensor,
+    committed_len: int,
+    *,
+    inplace: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Reference for :func:`compact_kv` (same signature and result): the adapter's per-layer torch code.
+
+    Args:
+        keys: one tensor per layer. Shape: ``[B, heads, L, head_dim]`` each, ``L = Lc + P``.
+        values: one tensor per layer, shaped like ``keys``.
+        keep: Shape ``[B, A]`` int64, pending indices to keep in sequence order, ``-1`` padded.
+        counts: Shape ``[B]`` int64, real entries of ``keep`` per row.
+        committed_len: ``Lc``, committed slots before the pending ones.
+        inplace: write the kept slots into the given tensors and return views.
+
+    Returns:
+        ``(keys, values)``: lists of ``[B, heads, Lc + A, head_dim]`` tensors.
+    """
+    _check(keys, values, keep, counts, committed_len, inplace)
+    lc = committed_len
+    kept = keep.shape[1]
+    tensors = list(keys) + list(values)
+    if kept == 0:
+        out = [t[:, :, :lc] for t in tensors]
+    elif _is_identity(keep, counts, tensors[0].shape[2] - lc if tensors else 0):
+        out = [t[:, :, : lc + kept] for t in tensors]
+    else:
+        index = keep.long().clamp(min=0) + lc
+        out = []
+        for t in tensors:
+            gathered = t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], kept, t.shape[3]))
+            if inplace:
+                t[:, :, lc : lc + kept] = gathered
+                out.append(t[:, :, : lc + kept])
+            else:
+                out.append(torch.cat([t[:, :, :lc], gathered], 2))
+    return out[: len(keys)], out[len(keys):]
+
+
+@jit
+def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, batch, heads, committed, kept, head_dim,
+                       stride_sb, stride_sh, stride_sl, stride_sd, stride_db, stride_dh, stride_dl, stride_dd,
+                       stride_kb, stride_ka,
+                       INPLACE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (cache tensor, row, head): copy the committed slots (unless in place), then the kept ones."""
+    pid = tl.program_id(0).to(tl.int64)
+    tensor = pid // (batch * heads)
+    row = (pid // heads) % batch
+    head = pid % heads
+    src = tl.load(src_table + tensor).to(witness.dtype) + row * stride_sb + head * stride_sh
+    dst = tl.load(dst_table + tensor).to(witness.dtype) + row * stride_db + head * stride_dh
+    dims = tl.arange(0, BLOCK_D)
+    dims_ok = dims < head_dim
+    if not INPLACE:
+        for start in range(0, committed, BLOCK_S):
+            slots = start + tl.arange(0, BLOCK_S)
+            ok = (slots < committed)[:, None] & dims_ok[None, :]
+            x = tl.load(src + slots[:, None] * stride_sl + dims[None, :] * stride_sd, mask=ok)
+            tl.store(dst + slots[:, None] * stride_dl + dims[None, :] * stride_dd, x, mask=ok)
+    a = tl.arange(0, BLOCK_A)
+    a_ok = a < kept
+    index = tl.maximum(tl.load(keep_ptr + row * stride_kb + a * stride_ka, mask=a_ok, other=0), 0)
+    ok = a_ok[:, None] & dims_ok[None, :]
+    x = tl.load(src + (committed + index)[:, None] * stride_sl + dims[None, :] * stride_sd, mask=ok)
+    if INPLACE:
+        tl.debug_barrier()  # every kept slot is read before any is overwritten (moves may overlap)
+    tl.store(dst + (committed + a)[:, None] * stride_dl + dims[None, :] * stride_dd, x, mask=ok)
+
+
+def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace):
+    batch, kept = _check(keys, values, keep, counts, committed_len, inplace)
+    tensors = list(keys) + list(values)
+    lc = committed_len
+    if kept == 0:
+        out = [t[:, :, :lc] for t in tensors]
+        return out[: len(keys)], out[len(keys):]
+    if _is_identity(keep, counts, tensors[0].shape[2] - lc):
+        out = [t[:, :, : lc + kept] for t in tensors]
+        return out[: len(keys)], out[len(keys):]
+    keep = keep.long()
+    if inplace:
+        results = tensors
+    else:
+        results = [torch.empty(t.shape[0], t.shape[1], lc + kept, t.shape[3], dtype=t.dtype, device=t.device)
+                   for t in tensors]
+    # One launch per group of identically laid-out tensors (one group for every model with uniform layers).
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((tuple(t.shape), t.stride(), results[i].stride(), t.dtype, t.device), []).append(i)
+    for (shape, _, dst_stride, _, device), members in groups.items():
+        src = [tensors[i] for i in members]
+        dst = [results[i] for i in members]
+        heads, head_dim = shape[1], shape[3]
+        block_d = next_pow2(head_dim)
+        _kv_compact_kernel[(len(members) * batch * heads,)](
+            pointer_table(src, device), pointer_table(dst, device), src[0], keep,
+            batch, heads, lc, kept, head_dim, *src[0].stride(), *dst_stride, *keep.stride(),
+            INPLACE=inplace, BLOCK_S=max(1, 2048 // block_d), BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
+        )
+    if inplace:
+        results = [t[:, :, : lc + kept] for t in tensors]
+    return results[: len(keys)], results[len(keys):]
+
+
+def compact_kv(
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    keep: torch.Tensor,
+    counts: torch.Tensor,
+    committed_len: int,
+    *,
+    inplace: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Keep, per row, the committed slots and then the chosen pending slots of every layer (one launch).
+
+    Math (per layer tensor ``t`` of shape ``[B, H, Lc + P, d]``)::
+
+        out[b, h, s]      = t[b, h, s]                             s < Lc
+        out[b, h, Lc + a] = t[b, h, Lc + max(keep[b, a], 0)]       a < A
+
+    Slots ``a >= counts[b]`` are padding (they copy pending slot 0, as the reference does; the cache's
+    ``committed_valid`` hides them). When every row keeps a prefix of its pending slots (``keep[b, a] == a`` for
+    ``a < counts[b]``) the result is ``t[:, :, :Lc + A]``, a view: nothing moves (one host sync decides it, as in
+    :meth:`specdec.adapter.ModelAdapter.commit`).
+
+    Dispatch: the kernel when the tensors are on CUDA and triton imports, :func:`compact_kv_ref` otherwise.
+
+    Args:
+        keys: one tensor per layer (HF ``cache.layers[i].keys``). Shape: ``[B, heads, L, head_dim]`` each.
+        values: one tensor per layer, shaped like ``keys``.
+        keep: pending indices to keep, in sequence order, ``-1`` padded (``VerifyResult.accepted_nodes`` cut to
+            the widest count).
+            Shape: ``[B, A]`` int64.
+        counts: real entries of ``keep`` per row. Shape: ``[B]`` int64.
+        committed_len: ``Lc``, committed slots before the pending ones.
+        inplace: move the kept slots inside the given tensors and return views (``A`` slots of traffic per row and
+            head instead of ``Lc + A``). Only when nothing else holds these tensors (HF's ``DynamicCache``
+            replaces them on every forward); needs ``Lc + A <= L``.
+
+    Returns:
+        ``(keys, values)``: lists of ``[B, heads, Lc + A, head_dim]`` tensors, in the input order.
+
+    Example:
+        >>> k = torch.arange(6.).reshape(1, 1, 6, 1)          # Lc = 2 committed, 4 pending slots
+        >>> ks, _ = compact_kv([k], [k.clone()], torch.tensor([[0, 2]]), torch.tensor([2]), 2)
+        >>> ks[0].flatten().tolist()
+        [0.0, 1.0, 2.0, 4.0]
+
+    References:
+        Medusa arXiv 2401.10774 and EAGLE arXiv 2401.15077 (``update_inference_inputs``: gather the accepted
+        path's KV entries).
+    """
+    tensors = list(keys) + list(values) + [keep, counts]
+    if use_kernel("compact_kv", *tensors):
+        return _compact_kv_triton(keys, values, keep, counts, committed_len, inplace)
+    return compact_kv_ref(keys, values, keep, counts, committed_len, inplace=inplace)

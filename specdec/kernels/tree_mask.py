@@ -1,0 +1,281 @@
+"""Tree-attention mask fill: the additive 4-D mask of one tree forward (and the nodes' positions) in one launch.
+
+What :meth:`specdec.adapter.ModelAdapter.forward` builds today, in about a dozen kernels (pointer doubling for the
+ancestor matrix, concatenation, padding, conversion)::
+
+    anc     = ancestor_matrix(parents)[:, -M:]                       # [B, M, P + M]
+    visible = cat([committed_valid[:, None] & present[:, :, None], anc], -1)
+    mask    = to_aligned_additive_mask(visible[:, None], dtype)      # [B, 1, M, Lc + P + M]
+
+:func:`tree_mask` writes that final tensor directly: one program per (row, query node) walks up the node's
+parents once and writes its mask row (committed prefix, pending forest, alignment padding), and optionally the
+node's position ``lengths + depth``. Same storage layout (rows padded to ``alignment`` elements, a view of width
+``Lc + P + M``), same values (``0`` visible, ``torch.finfo(dtype).min`` hidden), bit for bit.
+
+References:
+    - SpecInfer: Miao et al., arXiv 2305.09781 (topology-aware causal mask); EAGLE: Li et al., arXiv 2401.15077.
+    - SGLang ``build_tree_kernel_efficient`` (FULL_MASK: prefix columns, then ancestors found by walking up).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..masks import to_aligned_additive_mask
+from ..trees import ancestor_matrix
+from ._dispatch import use_kernel
+from ._triton import jit, next_pow2, tl
+
+__all__ = ["TreeMask", "tree_mask", "tree_mask_ref"]
+
+
+class TreeMask(NamedTuple):
+    """A tree forward's attention mask and, when asked for, its position ids.
+
+    Attributes:
+        mask: Shape ``[B, 1, M, Lc + P + M]`` in the requested floating dtype: ``0`` where attended,
+            ``finfo(dtype).min`` elsewhere; ``stride(-2)`` a multiple of the alignment (unless ``out`` said
+            otherwise).
+        positions: Shape ``[B, M]`` int64, ``lengths + depth`` (depth within the pending forest: 0 for a node on
+            the committed prefix and for absent nodes), or ``None`` when ``lengths`` was not given.
+    """
+
+    mask: torch.Tensor
+    positions: torch.Tensor | None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Checks shared by the kernel and the reference
+# --------------------------------------------------------------------------------------------------------
+
+
+def _check(committed_valid, parents, present, dtype, lengths, out, alignment) -> tuple[int, int, int, int]:
+    if not isinstance(committed_valid, torch.Tensor) or committed_valid.dim() != 2 or committed_valid.dtype != torch.bool:
+        raise ValueError("tree_mask: committed_valid must be a bool tensor of shape [B, Lc] (CacheState.committed_valid)")
+    batch, prefix = committed_valid.shape
+    if not isinstance(parents, torch.Tensor) or parents.dim() != 2 or parents.shape[0] != batch:
+        raise ValueError(
+            f"tree_mask: parents must have shape [B, P + M] = [{batch}, ...] (the pending forest: earlier pending "
+            f"slots, then the new nodes), got {tuple(getattr(parents, 'shape', ()))}"
+        )
+    if parents.dtype.is_floating_point or parents.dtype == torch.bool:
+        raise ValueError(f"tree_mask: parents must hold int64 node indices, got {parents.dtype}")
+    if not isinstance(present, torch.Tensor) or present.dim() != 2 or present.dtype != torch.bool:
+        raise ValueError("tree_mask: present must be a bool tensor of shape [B, M] (which new nodes are real)")
+    width, nodes = parents.shape[1], present.shape[1]
+    if present.shape[0] != batch or nodes > width:
+        raise ValueError(
+            f"tree_mask: present has shape {tuple(present.shape)} but parents {tuple(parents.shape)}: present covers "
+            f"the M new nodes, the last M columns of parents, so it needs [B, M] with M <= P + M"
+        )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"tree_mask: dtype must be a floating dtype (the model's, for the additive mask), got {dtype!r}")
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"tree_mask: alignment must be an int >= 1 (8 suits SDPA), got {alignment!r}")
+    devices = {committed_valid.device, parents.device, present.device}
+    if lengths is not None:
+        if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (batch,):
+            raise ValueError(f"tree_mask: lengths must have shape [B] = [{batch}] (CacheState.lengths)")
+        devices.add(lengths.device)
+    if out is not None:
+        shape = (batch, 1, nodes, prefix + width)
+        if tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
+            raise ValueError(
+                f"tree_mask: out must be a {dtype} tensor of shape {shape} with unit last stride (e.g. "
+                f"buffer[:B, :, :M, :Lc + P + M] of a preallocated buffer), got {out.dtype} {tuple(out.shape)} "
+                f"strides {out.stride()}"
+            )
+        devices.add(out.device)
+    if len(devices) > 1:
+        raise ValueError(f"tree_mask: all tensors must be on one device, got {sorted(map(str, devices))}")
+    return batch, prefix, width, nodes
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reference
+# --------------------------------------------------------------------------------------------------------
+
+
+def tree_mask_ref(
+    committed_valid: torch.Tensor,
+    parents: torch.Tensor,
+    present: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    alignment: int = 8,
+) -> TreeMask:
+    """Reference for :func:`tree_mask` (same signature and result): the adapter's torch code, verbatim.
+
+    Args:
+        committed_valid: Shape ``[B, Lc]`` bool, which committed cache slots hold real tokens.
+        parents: Shape ``[B, P + M]`` int64, parent of every pending slot (``P`` earlier ones, then the ``M`` new
+            nodes) as a pending index; ``-1`` for a slot on the committed prefix or an absent one.
+        present: Shape ``[B, M]`` bool, which new nodes are real.
+        dtype: floating dtype of the mask (the model's).
+        lengths: Shape ``[B]`` int64, committed tokens per row; when given, positions are returned too.
+        out: Shape ``[B, 1, M, Lc + P + M]``, optional destination (unit last stride).
+        alignment: row stride multiple of a newly allocated mask.
+
+    Returns:
+        :class:`TreeMask`.
+    """
+    batch, _, _, nodes = _check(committed_valid, parents, present, dtype, lengths, out, alignment)
+    anc = ancestor_matrix(parents)[:, parents.shape[1] - nodes:]
+    prefix = committed_valid[:, None, :] & present[:, :, None]
+    visible = torch.cat([prefix.expand(batch, nodes, -1), anc], 2)
+    mask = to_aligned_additive_mask(visible[:, None], dtype, alignment)
+    if out is not None:
+        mask = out.copy_(mask)
+    positions = None if lengths is None else lengths.long()[:, None] + anc.sum(-1) - 1
+    return TreeMask(mask, positions)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Kernel and launcher
+# --------------------------------------------------------------------------------------------------------
+
+
+@jit
+def _tree_mask_kernel(
+    valid_ptr, parents_ptr, present_ptr, lengths_ptr, out_ptr, positions_ptr, fill_ptr,
+    prefix_len, num_pending, write_width,
+    stride_vb, stride_vl, stride_pb, stride_pn, stride_rb, stride_rm, stride_ob, stride_oq,
+    HAS_POSITIONS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    query = tl.program_id(0)  # new node q = pending slot num_pending + q
+    row = tl.program_id(1)
+    zero = tl.load(fill_ptr)
+    hidden = tl.load(fill_ptr + 1)
+    present = tl.load(present_ptr + row * stride_rb + query * stride_rm) != 0
+    out_row = out_ptr + row * stride_ob + query * stride_oq
+
+    # Committed prefix: visible iff the slot is valid and the node is real.
+    for start in range(0, prefix_len, BLOCK_L):
+        cols = start + tl.arange(0, BLOCK_L)
+        inside = cols < prefix_len
+        valid = tl.load(valid_ptr + row * stride_vb + cols * stride_vl, mask=inside, other=0) != 0
+        tl.store(out_row + cols, tl.where(valid & present, zero, hidden), mask=inside)
+
+    # Pending forest: walk up from the node, marking itself and each ancestor. Parents precede children, so the
+    # walk stops at -1 (and, on malformed input, at a parent that does not precede its child).
+    node = (num_pending + query).to(tl.int64)
+    cols = tl.arange(0, BLOCK_T)
+    seen = cols == node
+    depth = query * 0
+    current = node
+    parent = tl.load(parents_ptr + row * stride_pb + current * stride_pn)
+    while (parent >= 0) & (parent < current):
+        seen = seen | (cols == parent)
+        depth += 1
+        current = parent
+        parent = tl.load(parents_ptr + row * stride_pb + current * stride_pn)
+    tl.store(out_row + prefix_len + cols, tl.where(seen, zero, hidden), mask=cols < write_width - prefix_len)
+
+    if HAS_POSITIONS:
+        tl.store(positions_ptr + row * tl.num_programs(0) + query, tl.load(lengths_ptr + row) + depth)
+
+
+_FILL_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _fill_values(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # [visible, hidden] in the mask's dtype, made once per (dtype, device): no host-to-device copy per call.
+    key = (dtype, device)
+    if key not in _FILL_CACHE:
+        values = torch.zeros(2, dtype=dtype, device=device)
+        values[1] = torch.finfo(dtype).min
+        _FILL_CACHE[key] = values
+    return _FILL_CACHE[key]
+
+
+def _tree_mask_triton(committed_valid, parents, present, dtype, lengths, out, alignment) -> TreeMask:
+    batch, prefix, width, nodes = _check(committed_valid, parents, present, dtype, lengths, out, alignment)
+    device = committed_valid.device
+    keys = prefix + width
+    if out is None:
+        padded = -(-keys // alignment) * alignment
+        storage = torch.empty(batch, 1, nodes, padded, dtype=dtype, device=device)
+        mask, write_width, tree_block = storage[..., :keys], padded, next_pow2(width + alignment - 1)
+    else:
+        mask, write_width, tree_block = out, keys, next_pow2(width)
+    positions = torch.empty(batch, nodes, dtype=torch.long, device=device) if lengths is not None else None
+    if batch and nodes:
+        parents = parents.long()
+        valid = committed_valid.view(torch.uint8) if prefix else present.view(torch.uint8)  # never read if Lc = 0
+        _tree_mask_kernel[(nodes, batch)](
+            valid, parents, present.view(torch.uint8),
+            lengths.long() if lengths is not None else parents, mask,
+            positions if positions is not None else parents, _fill_values(dtype, device),
+            prefix, width - nodes, write_width,
+            valid.stride(0), valid.stride(1), parents.stride(0), parents.stride(1),
+            present.stride(0), present.stride(1), mask.stride(0), mask.stride(2),
+            HAS_POSITIONS=positions is not None, BLOCK_L=512, BLOCK_T=tree_block,
+        )
+    return TreeMask(mask, positions)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Public op
+# --------------------------------------------------------------------------------------------------------
+
+
+def tree_mask(
+    committed_valid: torch.Tensor,
+    parents: torch.Tensor,
+    present: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    alignment: int = 8,
+) -> TreeMask:
+    """The additive attention mask of a tree forward over a ragged cache (and the nodes' positions), in one launch.
+
+    Query ``q`` is new node ``P + q`` of the pending forest. Key ``k < Lc`` is committed slot ``k``; key ``Lc + j``
+    is pending slot ``j``::
+
+        visible[b, q, k]      = committed_valid[b, k] & present[b, q]            (k < Lc)
+        visible[b, q, Lc + j] = j == P + q  or  j is an ancestor of P + q          (parents walked up to -1)
+        mask = where(visible, 0, finfo(dtype).min),  rows padded to `alignment` elements
+        positions[b, q] = lengths[b] + depth(P + q)                                (depth within the pending forest)
+
+    An absent node (parent ``-1``, not present) sees only itself, so no row is empty. Equal, bit for bit, to
+    ``to_aligned_additive_mask(cat([committed_valid & present, ancestor_matrix(parents)[:, -M:]])[:, None],
+    dtype)`` as :meth:`specdec.adapter.ModelAdapter.forward` builds it.
+
+    Dispatch: the Triton kernel when the tensors are on CUDA and triton imports, :func:`tree_mask_ref` otherwise
+    (see :func:`specdec.kernels.kernel_mode`).
+
+    Args:
+        committed_valid: Shape ``[B, Lc]`` bool, which committed cache slots hold real tokens.
+        parents: Shape ``[B, P + M]`` int64, parent of every pending slot (``P`` earlier ones, then the ``M`` new
+            nodes) as a pending index; ``-1`` for a slot on the committed prefix or an absent one. Parents
+            precede their children.
+        present: Shape ``[B, M]`` bool, which new nodes are real.
+        dtype: floating dtype of the mask (the model's).
+        lengths: Shape ``[B]`` int64, committed tokens per row (``CacheState.lengths``); when given, the nodes'
+            positions are returned too.
+        out: Shape ``[B, 1, M, Lc + P + M]``, optional destination with unit last stride (a view of a
+            preallocated buffer); only its ``Lc + P + M`` columns are written.
+        alignment: row stride multiple of a newly allocated mask (8: SDPA's memory-efficient kernel takes it
+            without copying).
+
+    Returns:
+        :class:`TreeMask` ``(mask [B, 1, M, Lc + P + M], positions [B, M] or None)``.
+
+    Example:
+        >>> m = tree_mask(torch.tensor([[False, True]]), torch.tensor([[-1, 0]]), torch.tensor([[True, True]]),
+        ...               torch.float32, lengths=torch.tensor([1]))
+        >>> (m.mask[0, 0] == 0).int().tolist(), m.positions.tolist()
+        ([[0, 1, 1, 0], [0, 1, 1, 1]], [[1, 2]])
+
+    References:
+        SpecInfer arXiv 2305.09781; EAGLE arXiv 2401.15077; SGLang ``build_tree_kernel_efficient``.
+    """
+    tensors = [committed_valid, parents, present] + [t for t in (lengths, out) if t is not None]
+    if use_kernel("tree_mask", *tensors):
+        return _tree_mask_triton(committed_valid, parents, present, dtype, lengths, out, alignment)
+    return tree_mask_ref(committed_valid, parents, present, dtype, lengths=lengths, out=out, alignment=alignment)

@@ -1,0 +1,427 @@
+"""Tests of specdec.kernels: tree-mask fill, KV compaction, parallel-drafting inputs, dispatch, and the ops wired
+into generate().
+
+Each kernel is compared with its torch reference over awkward shapes (batch 1 and odd sizes, trees of 1 to 64
+nodes, absent nodes, rows with nothing to keep): integers and copied floats must be identical. Without a GPU the
+kernels run under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1); with one, natively.
+The references themselves are checked against the code they replace (ModelAdapter.forward's mask,
+ModelAdapter.commit).
+"""
+from __future__ import annotations
+
+import importlib.util
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import specdec as sd
+from specdec.adapter import CacheState, ModelAdapter
+from specdec.kernels import (
+    _dispatch,
+    compact_kv,
+    compact_kv_ref,
+    interpreter_enabled,
+    kernel_mode,
+    parallel_draft_inputs,
+    parallel_draft_inputs_ref,
+    tree_mask,
+    tree_mask_ref,
+    triton_available,
+)
+from tiny_models import tiny_model
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernels = pytest.mark.skipif(
+    not triton_available() or (DEVICE == "cpu" and not interpreter_enabled()),
+    reason="needs triton (and, without a GPU, TRITON_INTERPRET=1 before specdec.kernels is imported)",
+)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kernel(fn, *args, **kwargs):
+    """Run ``fn`` with the Triton kernels forced (natively on CUDA, interpreted on CPU)."""
+    with kernel_mode("triton"):
+        return fn(*args, **kwargs)
+
+
+def reference(fn, *args, **kwargs):
+    with kernel_mode("torch"):
+        return fn(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tree-attention mask fill
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def pending_forest(seed: int, batch: int, earlier: int, new: int, p_absent: float = 0.25):
+    """Parents ``[B, P + M]`` of a pending forest and ``present [B, M]``: nodes on the committed prefix (-1, present),
+    absent nodes (-1, not present) and children of earlier present nodes, different in every row."""
+    rng = random.Random(seed)
+    parents = torch.full((batch, earlier + new), -1, dtype=torch.long)
+    present = torch.zeros(batch, earlier + new, dtype=torch.bool)
+    for b in range(batch):
+        alive = []
+        for i in range(earlier + new):
+            roll = rng.random()
+            if roll < p_absent:
+                continue
+            present[b, i] = True
+            if alive and roll > p_absent + 0.15:
+                parents[b, i] = rng.choice(alive)
+            alive.append(i)
+    return parents, present[:, earlier:]
+
+
+def assert_same_mask(got, want):
+    assert got.mask.dtype == want.mask.dtype and got.mask.shape == want.mask.shape
+    assert got.mask.stride() == want.mask.stride()
+    assert torch.equal(got.mask, want.mask)
+    # the alignment padding of the storage holds the same values too
+    full = lambda m: torch.as_strided(m, (*m.shape[:-1], m.stride(-2)), m.stride())  # noqa: E731
+    assert torch.equal(full(got.mask), full(want.mask))
+    assert (got.positions is None) == (want.positions is None)
+    if want.positions is not None:
+        assert torch.equal(got.positions, want.positions)
+
+
+# (batch, committed slots Lc, earlier pending P, new nodes M, dtype): trees of 1 to 64 nodes, empty prefix, long
+# prefix (several tiles), pending slots from earlier forwards, batch 1 and odd sizes.
+MASK_CASES = [
+    (1, 0, 0, 1, torch.float32),
+    (1, 5, 0, 64, torch.bfloat16),
+    (3, 13, 0, 16, torch.float16),
+    (3, 37, 5, 9, torch.float32),
+    (8, 6, 2, 7, torch.bfloat16),
+    (1, 1029, 0, 61, torch.float32),
+    (3, 4, 3, 1, torch.float64),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch,prefix,earlier,new,dtype", MASK_CASES,
+                         ids=[f"B{b}-Lc{lc}-P{p}-M{m}-{str(d)[6:]}" for b, lc, p, m, d in MASK_CASES])
+def test_tree_mask_kernel_equals_reference(batch, prefix, earlier, new, dtype):
+    g = torch.Generator().manual_seed(prefix + new)
+    valid = (torch.rand(batch, prefix, generator=g) < 0.8).to(DEVICE)
+    parents, present = pending_forest(prefix * 7 + new, batch, earlier, new)
+    parents, present = parents.to(DEVICE), present.to(DEVICE)
+    lengths = torch.randint(0, 500, (batch,), generator=g).to(DEVICE)
+    want = tree_mask_ref(valid, parents, present, dtype, lengths=lengths)
+    assert_same_mask(kernel(tree_mask, valid, parents, present, dtype, lengths=lengths), want)
+    without_positions = kernel(tree_mask, valid, parents, present, dtype)
+    assert without_positions.positions is None and torch.equal(without_positions.mask, want.mask)
+
+
+@needs_kernels
+def test_tree_mask_kernel_writes_into_a_preallocated_buffer_view():
+    batch, prefix, earlier, new = 3, 11, 2, 6
+    parents, present = pending_forest(5, batch, earlier, new)
+    valid = torch.rand(batch, prefix, generator=torch.Generator().manual_seed(5)) < 0.7
+    parents, present, valid = parents.to(DEVICE), present.to(DEVICE), valid.to(DEVICE)
+    keys = prefix + earlier + new
+    buffer = torch.full((4, 1, 10, 32), 7.0, device=DEVICE)  # bigger than needed, row stride 32
+    out = buffer[:batch, :, :new, :keys]
+    got = kernel(tree_mask, valid, parents, present, torch.float32, out=out)
+    assert got.mask.data_ptr() == buffer.data_ptr()
+    assert torch.equal(got.mask, tree_mask_ref(valid, parents, present, torch.float32).mask)
+    untouched = torch.ones_like(buffer, dtype=torch.bool)
+    untouched[:batch, :, :new, :keys] = False
+    assert bool((buffer[untouched] == 7.0).all())
+
+
+def test_tree_mask_reference_is_what_the_adapter_builds():
+    # The reference must be a drop-in for ModelAdapter.forward's mask: capture the mask the adapter passes to the
+    # model over a pending forest grown by two forwards (absent nodes included), and compare.
+    model = tiny_model("llama")
+    adapter = ModelAdapter(model)
+    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones(2, 6, dtype=torch.long)
+    attention[1, :2] = 0
+    _, state = adapter.prefill(ids, attention)
+    captured = []
+    run = adapter._run
+    adapter._run = lambda tokens, mask, positions, cache, logits_to_keep=0: (
+        captured.append(mask), run(tokens, mask, positions, cache, logits_to_keep))[1]
+    first = (torch.tensor([[11, 12, 13], [14, 15, 16]]), torch.tensor([[-1, 0, -1], [-1, -1, 0]]),
+             torch.tensor([[True, True, False], [True, True, True]]))
+    second = (torch.tensor([[21, 22], [23, 24]]), torch.tensor([[1, 3], [2, 3]]), torch.tensor([[True, True]] * 2))
+    for tokens, parents, present in (first, second):
+        all_parents = torch.cat([state.pending_parents, parents], 1)
+        want = tree_mask_ref(state.committed_valid, all_parents, present, model.dtype, lengths=state.lengths)
+        _, state = adapter.forward(state, tokens, parents, want.positions, present)
+        assert torch.equal(captured[-1], want.mask) and captured[-1].stride() == want.mask.stride()
+    # positions = committed length + depth in the pending forest
+    assert want.positions.tolist() == [[6 + 2, 6 + 3], [4 + 2, 4 + 3]]
+
+
+def test_tree_mask_semantics_on_a_small_forest():
+    # prefix slot 1 invalid; node 0 on the prefix, node 1 its child, node 2 absent, node 3 child of node 1
+    valid = torch.tensor([[True, False, True]])
+    parents = torch.tensor([[-1, 0, -1, 1]])
+    present = torch.tensor([[True, True, False, True]])
+    got = tree_mask(valid, parents, present, torch.float16, lengths=torch.tensor([2]))
+    seen = (got.mask[0, 0] == 0).int().tolist()
+    assert seen == [[1, 0, 1, 1, 0, 0, 0], [1, 0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 1, 0], [1, 0, 1, 1, 1, 0, 1]]
+    assert bool((got.mask[0, 0][got.mask[0, 0] != 0] == torch.finfo(torch.float16).min).all())
+    assert got.positions.tolist() == [[2, 3, 2, 4]]
+    assert got.mask.stride(-2) % 8 == 0
+
+
+def test_tree_mask_rejects_bad_input_with_a_fix():
+    valid, parents, present = torch.ones(2, 3, dtype=torch.bool), torch.full((2, 4), -1), torch.ones(2, 4).bool()
+    with pytest.raises(ValueError, match="floating dtype"):
+        tree_mask(valid, parents, present, torch.int32)
+    with pytest.raises(ValueError, match=r"present covers the M new nodes"):
+        tree_mask(valid, parents, torch.ones(2, 5).bool(), torch.float32)
+    with pytest.raises(ValueError, match="preallocated buffer"):
+        tree_mask(valid, parents, present, torch.float32, out=torch.empty(2, 1, 4, 6))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# KV compaction
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def cache_tensors(seed, layers, batch, heads, length, head_dim, dtype, strided=False):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(2 * layers):
+        t = torch.randn(batch, heads, length + (3 if strided and i == 1 else 0), head_dim, generator=g).to(dtype)
+        out.append((t[:, :, :length] if strided and i == 1 else t).to(DEVICE))
+    return out[:layers], out[layers:]
+
+
+def accepted_paths(seed, batch, pending, width):
+    """keep ``[B, A]`` (increasing pending indices starting at the root, -1 padded) and counts ``[B]``; one row keeps
+    only its root."""
+    rng = random.Random(seed)
+    keep = torch.full((batch, width), -1, dtype=torch.long)
+    counts = torch.zeros(batch, dtype=torch.long)
+    for b in range(batch):
+        count = 1 if b == batch - 1 else rng.randint(1, width)
+        keep[b, :count] = torch.tensor([0] + sorted(rng.sample(range(1, pending), count - 1)))
+        counts[b] = count
+    return keep.to(DEVICE), counts.to(DEVICE)
+
+
+KV_CASES = [  # (layers, batch, heads, committed, pending, kept width, head_dim, dtype, one layer strided)
+    (2, 1, 1, 0, 4, 3, 16, torch.float32, False),
+    (3, 3, 2, 9, 12, 5, 24, torch.bfloat16, True),
+    (4, 8, 2, 5, 9, 4, 64, torch.float16, False),
+    (1, 3, 3, 70, 64, 7, 80, torch.float32, False),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+@pytest.mark.parametrize("layers,batch,heads,committed,pending,width,head_dim,dtype,strided", KV_CASES)
+def test_compact_kv_kernel_equals_reference(layers, batch, heads, committed, pending, width, head_dim, dtype, strided,
+                                            inplace):
+    keys, values = cache_tensors(committed + pending, layers, batch, heads, committed + pending, head_dim, dtype,
+                                 strided)
+    keep, counts = accepted_paths(width, batch, pending, width)
+    ref_in = [t.clone() for t in keys], [t.clone() for t in values]
+    ker_in = [t.clone() for t in keys], [t.clone() for t in values]
+    want = compact_kv_ref(*ref_in, keep, counts, committed, inplace=inplace)
+    got = kernel(compact_kv, *ker_in, keep, counts, committed, inplace=inplace)
+    for w, k in zip(want[0] + want[1], got[0] + got[1]):
+        assert w.shape == (batch, heads, committed + width, head_dim)
+        assert torch.equal(w, k)  # every slot, padding included: the copy is exact
+    if inplace:
+        assert all(k.data_ptr() == t.data_ptr() for k, t in zip(got[0] + got[1], ker_in[0] + ker_in[1]))
+
+
+@needs_kernels
+def test_compact_kv_identity_prefix_and_empty_keep_are_views():
+    keys, values = cache_tensors(0, 2, 3, 2, 10, 8, torch.float32)
+    keep = torch.tensor([[0, 1, 2], [0, 1, -1], [0, -1, -1]], device=DEVICE)  # every row keeps a prefix
+    counts = torch.tensor([3, 2, 1], device=DEVICE)
+    for fn in (compact_kv_ref, lambda *a: kernel(compact_kv, *a)):
+        ks, vs = fn(keys, values, keep, counts, 4)
+        assert all(k.data_ptr() == t.data_ptr() and k.shape[2] == 7 for k, t in zip(ks + vs, keys + values))
+        ks, _ = fn(keys, values, keep[:, :0], counts * 0, 4)
+        assert all(k.shape[2] == 4 for k in ks)
+
+
+def test_compact_kv_reference_is_what_the_adapter_commit_does():
+    keys, values = cache_tensors(1, 3, 3, 2, 6 + 8, 16, torch.float32)
+    keep, counts = accepted_paths(3, 3, 8, 4)
+    layers = [SimpleNamespace(keys=k.clone(), values=v.clone()) for k, v in zip(keys, values)]
+    valid = torch.ones(3, 6, dtype=torch.bool, device=DEVICE)
+    empty = torch.empty(3, 0, dtype=torch.long, device=DEVICE)
+    state = CacheState(SimpleNamespace(layers=layers), valid, valid.sum(1), torch.zeros(3, 8, dtype=torch.long,
+                                                                                     device=DEVICE), empty.bool())
+    ModelAdapter.commit(None, state, keep, counts)  # commit uses nothing of the adapter but the state
+    ks, vs = compact_kv_ref(keys, values, keep, counts, 6)
+    for layer, k, v in zip(layers, ks, vs):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+
+
+def test_compact_kv_rejects_bad_input_with_a_fix():
+    keys, values = cache_tensors(0, 2, 2, 1, 6, 4, torch.float32)
+    keep, counts = torch.tensor([[0, 1]] * 2, device=DEVICE), torch.tensor([2, 2], device=DEVICE)
+    with pytest.raises(ValueError, match="one per layer"):
+        compact_kv(keys, values[:1], keep, counts, 2)
+    with pytest.raises(ValueError, match="committed_len"):
+        compact_kv(keys, values, keep, counts, 9)
+    with pytest.raises(ValueError, match="use inplace=False"):
+        compact_kv(keys, values, torch.zeros(2, 5, dtype=torch.long, device=DEVICE), counts, 3, inplace=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parallel-drafting inputs
+# ----------------------------------------------------------------------------------------------------------------
+
+PARALLEL_CASES = [  # (batch, verified width T, hidden H, K, dtype)
+    (1, 1, 8, 1, torch.float32),
+    (3, 5, 24, 4, torch.bfloat16),
+    (8, 9, 1100, 7, torch.float16),
+    (3, 4, 64, 64, torch.float32),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch,width,hidden,drafts,dtype", PARALLEL_CASES)
+def test_parallel_draft_inputs_kernel_equals_reference(batch, width, hidden, drafts, dtype):
+    g = torch.Generator().manual_seed(width * 31 + drafts)
+    tokens = torch.randint(1000, (batch, width), generator=g).to(DEVICE)
+    features = torch.randn(batch, width, hidden, generator=g).to(dtype).to(DEVICE)
+    num_valid = torch.randint(1, width + 1, (batch,), generator=g)
+    num_valid[-1] = 0 if batch > 1 else num_valid[-1]  # a finished row: all padding
+    next_tokens = torch.randint(1000, (batch,), generator=g).to(DEVICE)
+    start = torch.randint(0, 300, (batch,), generator=g).to(DEVICE)
+    mask_hidden = torch.randn(hidden, generator=g).to(dtype).to(DEVICE)
+    args = (tokens, features, num_valid.to(DEVICE), next_tokens, start, mask_hidden)
+    kw = {"num_drafts": drafts, "mask_token_id": 1001, "pad_token_id": 1002}
+    want = parallel_draft_inputs_ref(*args, **kw)
+    got = kernel(parallel_draft_inputs, *args, **kw)
+    for name, w, k in zip(want._fields, want, got):
+        assert w.dtype == k.dtype and torch.equal(w, k), name
+
+
+def test_parallel_draft_inputs_layout():
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    features = torch.arange(12.0).reshape(2, 3, 2)
+    out = parallel_draft_inputs(tokens, features, torch.tensor([2, 3]), torch.tensor([50, 60]), torch.tensor([4, 0]),
+                                torch.tensor([-1.0, -2.0]), num_drafts=3, mask_token_id=99, pad_token_id=0)
+    assert out.input_ids.tolist() == [[6, 50, 99, 99, 0], [9, 10, 60, 99, 99]]
+    assert out.positions.tolist() == [[4, 5, 6, 7, 8], [0, 1, 2, 3, 4]]
+    assert out.hidden[0].tolist() == [[0, 1], [2, 3], [-1, -2], [-1, -2], [0, 0]]
+    assert out.hidden[1].tolist() == [[6, 7], [8, 9], [10, 11], [-1, -2], [-1, -2]]
+    assert out.is_masked.int().tolist() == [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    assert out.is_rejected.int().tolist() == [[0, 0, 0, 0, 1], [0, 0, 0, 0, 0]]
+    assert out.sample_indices.tolist() == [[1, 2, 3], [2, 3, 4]]
+    with pytest.raises(ValueError, match="mask_hidden must have shape"):
+        parallel_draft_inputs(tokens, features, torch.tensor([2, 3]), torch.tensor([50, 60]), torch.tensor([4, 0]),
+                              torch.zeros(3), num_drafts=3, mask_token_id=99)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dispatch, the wired loop, the benchmark script
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_dispatch_rule_and_mode_switch():
+    cpu = torch.zeros(1)
+    assert _dispatch.get_kernel_mode() == "auto"
+    assert _dispatch.use_kernel("op", cpu) is False  # auto: the reference on CPU tensors
+    with kernel_mode("torch"):
+        assert _dispatch.use_kernel("op", cpu) is False
+        with kernel_mode("triton"):
+            assert _dispatch.get_kernel_mode() == "triton"
+        assert _dispatch.get_kernel_mode() == "torch"
+    assert _dispatch.get_kernel_mode() == "auto"
+    with pytest.raises(ValueError, match="kernel mode must be one of"):
+        _dispatch.set_kernel_mode("cuda")
+    if torch.cuda.is_available() and triton_available():
+        assert _dispatch.use_kernel("op", cpu.cuda()) is True
+
+
+def test_import_without_triton_falls_back_to_the_references():
+    code = ("import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
+            "import torch, specdec.kernels as k\n"
+            "assert not k.triton_available()\n"
+            "m = k.tree_mask(torch.ones(1, 2, dtype=torch.bool), torch.tensor([[-1, 0]]), torch.ones(1, 2).bool(),"
+            " torch.float32)\n"
+            "assert m.mask.shape == (1, 1, 2, 4)\n"
+            "try:\n    k.set_kernel_mode('triton'); k.tree_mask(torch.ones(1, 2, dtype=torch.bool),"
+            " torch.tensor([[-1, 0]]), torch.ones(1, 2).bool(), torch.float32)\n"
+            "except RuntimeError as e:\n    assert 'install triton' in str(e)\nelse:\n    raise SystemExit(1)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120,
+                   env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+
+
+def _wired_forward(self, state, tokens, parents, positions, present=None):
+    """ModelAdapter.forward with the wiring-guide change: the mask from specdec.kernels.tree_mask."""
+    if present is None:
+        present = torch.ones_like(tokens, dtype=torch.bool)
+    all_parents = torch.cat([state.pending_parents, parents], 1)
+    all_present = torch.cat([state.pending_present, present], 1)
+    mask = tree_mask(state.committed_valid, all_parents, present, self.model.dtype).mask
+    out = self._run(tokens, mask, positions, state.cache)
+    return out, state._replace(pending_parents=all_parents, pending_present=all_present)
+
+
+def _wired_commit(self, state, keep, counts):
+    """ModelAdapter.commit with the wiring-guide change: every layer through specdec.kernels.compact_kv."""
+    B, A = keep.shape
+    Lc = state.committed_valid.shape[1]
+    layers = [layer for layer in state.cache.layers if layer.keys is not None]
+    keys, values = compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True)
+    for layer, k, v in zip(layers, keys, values):
+        layer.keys, layer.values = k, v
+    new_valid = torch.arange(A, device=keep.device)[None, :] < counts[:, None]
+    empty = torch.empty(B, 0, dtype=torch.long, device=keep.device)
+    return CacheState(state.cache, torch.cat([state.committed_valid, new_valid], 1), state.lengths + counts, empty,
+                      empty.bool())
+
+
+@needs_kernels
+def test_generate_with_the_kernels_wired_in_is_token_identical(monkeypatch):
+    from specdec.kernels import verify_greedy
+
+    generate_module = sys.modules["specdec.generate"]  # specdec.generate the attribute is the function
+
+    target = tiny_model("llama", scale=4.0).to(DEVICE)
+    draft = tiny_model("llama", seed=1, layers=1).to(DEVICE)
+    ids = torch.randint(1, 97, (2, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    attention = torch.ones_like(ids)
+    attention[1, :3] = 0
+    drafter = sd.DraftModelDrafter(draft, num_drafts=3, tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+    plain = sd.generate(target, ids, attention_mask=attention, max_new_tokens=12)
+    monkeypatch.setattr(ModelAdapter, "forward", _wired_forward)
+    monkeypatch.setattr(ModelAdapter, "commit", _wired_commit)
+    monkeypatch.setattr(generate_module, "verify_greedy", verify_greedy)
+    with kernel_mode("triton"):
+        wired = sd.generate(target, ids, attention_mask=attention, drafter=drafter, max_new_tokens=12)
+    assert torch.equal(wired.sequences, plain.sequences)
+    assert wired.stats.tau > 1.0  # drafts were accepted, so paths were compacted and trees masked
+
+
+def test_bench_script_runs_quick_on_cpu(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "examples" / "bench_kernels.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--quick", "--reps", "1", "--warmup", "0", "--out", str(tmp_path)])
+    ops = {row["op"] for row in rows}
+    assert {"tree_mask", "verify_greedy", "verify_chain_noise", "verify_tree_deterministic_noise", "compact_kv",
+            "parallel_draft_inputs"} <= ops
+    assert all(row["ref_ms"] > 0 for row in rows)
+    assert (tmp_path / "bench_kernels.json").exists() and (tmp_path / "bench_kernels.md").exists()
+
+
+def test_docstring_examples_run():
+    import doctest
+    import importlib
+
+    for name in ("tree_mask", "verify", "kv_compact", "parallel_inputs", "_dispatch"):
+        module = importlib.import_module(f"specdec.kernels.{name}")
+        with kernel_mode("torch"):
+            result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, name
