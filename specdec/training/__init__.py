@@ -15,6 +15,17 @@ from .eagle import (
 )
 from .loop import FitRecord, cosine_schedule, fit, sample_windows
 
-__all__ = ["FitRecord", "TrainRecord", "TrainResult", "build_draft_vocab", "cosine_schedule",
-           "draft_vocab_size_for_coverage", "fit", "sample_windows", "token_stream", "ttt_forward", "train_eagle1",
-           "train_eagle3"]
+__all__ = [
+    "FitRecord",
+    "TrainRecord",
+    "TrainResult",
+    "build_draft_vocab",
+    "cosine_schedule",
+    "draft_vocab_size_for_coverage",
+    "fit",
+    "sample_windows",
+    "token_stream",
+    "train_eagle1",
+    "train_eagle3",
+    "ttt_forward",
+]

@@ -32,8 +32,16 @@ from ..eagle.checkpoints import save_eagle_head
 from ..eagle.heads import Eagle1Head, Eagle3Head, target_dims
 from .loop import cosine_schedule, fit, sample_windows
 
-__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "draft_vocab_size_for_coverage", "token_stream",
-           "ttt_forward", "train_eagle1", "train_eagle3"]
+__all__ = [
+    "TrainRecord",
+    "TrainResult",
+    "build_draft_vocab",
+    "draft_vocab_size_for_coverage",
+    "token_stream",
+    "train_eagle1",
+    "train_eagle3",
+    "ttt_forward",
+]
 
 
 class TrainRecord(NamedTuple):

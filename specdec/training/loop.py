@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -120,9 +120,8 @@ def _host_values(loss: torch.Tensor, metrics: dict) -> tuple[float, dict]:
     names = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
     values = torch.stack([loss.detach().float().reshape(())]
                          + [metrics[k].detach().float().reshape(()).to(loss.device) for k in names]).tolist()
-    out = {k: float(v) for k, v in metrics.items()}
-    out.update(zip(names, values[1:]))
-    return values[0], out
+    tensors = dict(zip(names, values[1:]))
+    return values[0], {k: tensors[k] if k in tensors else float(v) for k, v in metrics.items()}
 
 
 def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: int, lr: float,
