@@ -226,6 +226,27 @@ def test_cli_runs_on_given_models(tiny, capsys):
     assert "plain" in out and "draft model (K=4)" in out and "prompt lookup (K=10)" in out and "EAGLE-2" in out
 
 
+def test_cli_train_builds_then_runs_the_table(monkeypatch, tmp_path, small_stdlib, capsys):
+    import specdec.demo.build as build
+
+    real = build.build_demo_models
+    calls = []
+
+    def tiny_build(out_dir, **kwargs):  # the CLI's own arguments, on a tiny budget and corpus
+        calls.append((out_dir, kwargs))
+        return real(out_dir, **kwargs, settings=TINY, stdlib_root=small_stdlib)
+
+    monkeypatch.setattr(build, "build_demo_models", tiny_build)
+    out = tmp_path / "built"
+    status = main(["--train", "--out", str(out), "--quiet", "--num-prompts", "1", "--max-new-tokens", "4",
+                   "--prompt-tokens", "64"])
+    text = capsys.readouterr().out
+    assert status in (0, 1) and calls and calls[0][0] == str(out) and (out / "build.json").is_file()
+    assert "training the demo models" in text and "EAGLE-2" in text
+    with pytest.raises(SystemExit):
+        main(["--train", "--model", "x"])
+
+
 class WordTokenizer:
     """Counts whitespace-separated words as tokens."""
 

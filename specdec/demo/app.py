@@ -5,6 +5,7 @@ A method is a name, a drafter and a ``K`` (:class:`Method`); :func:`run_table` t
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -202,10 +203,13 @@ def print_timing_notes(rows: Sequence[Row], *, num_prompts: int, prompt_tokens: 
     emit("- Each row is the wall clock of generate() summed over the prompts (prefill included), after one short\n"
          "  warm-up run. Rows run one after another, so other load on the machine can tilt them.")
     emit("- tau: tokens emitted per target forward, bonus token included (the EAGLE/Medusa tables' figure).")
+    if hasattr(os, "getloadavg"):
+        emit(f"- Machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end of the run "
+             "(above 0 means other processes shared the cores).")
     if str(device) == "cpu":
         emit(f"- The target is tiny ({target_params / 1e6:.1f}M parameters): plain decoding costs {plain_ms:.1f} ms "
              "per token here,\n"
              "  mostly fixed per-call costs (launch-bound), not arithmetic. So a draft-model or EAGLE-head forward\n"
-             "  costs a large fraction of a target forward, and verifying a 1-token or a 30-token tree costs\n"
-             "  about the same. With a large target on a GPU the drafter is cheap next to the target, and the\n"
-             "  same tau gives larger speedups (docs/benchmarks.md: 3.75x for EAGLE-2 on an H200).")
+             "  costs a large fraction of a target forward, while verifying 1 token or a tree of 8 costs about the\n"
+             "  same. With a large target on a GPU the drafter is cheap next to the target, and the same tau gives\n"
+             "  larger speedups (docs/benchmarks.md: 3.75x for EAGLE-2 on an H200).")
