@@ -227,7 +227,7 @@ def test_cli_runs_on_given_models(tiny, capsys):
 
 
 def test_cli_train_builds_then_runs_the_table(monkeypatch, tmp_path, small_stdlib, capsys):
-    import specdec.demo.build as build
+    from specdec.demo import build
 
     real = build.build_demo_models
     calls = []

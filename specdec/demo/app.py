@@ -199,13 +199,13 @@ def print_timing_notes(rows: Sequence[Row], *, num_prompts: int, prompt_tokens: 
     emit("")
     emit("Timing notes:")
     emit(f"- Measured: {num_prompts} held-out prompts (<= {prompt_tokens} tokens each), up to {max_new_tokens} new "
-         f"tokens, greedy, batch 1, {dtype_name} on {on}.")
+         f"tokens,\n  greedy, batch 1, {dtype_name} on {on}.")
     emit("- Each row is the wall clock of generate() summed over the prompts (prefill included), after one short\n"
          "  warm-up run. Rows run one after another, so other load on the machine can tilt them.")
     emit("- tau: tokens emitted per target forward, bonus token included (the EAGLE/Medusa tables' figure).")
     if hasattr(os, "getloadavg"):
-        emit(f"- Machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end of the run "
-             "(above 0 means other processes shared the cores).")
+        emit(f"- Machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end of the run\n"
+             "  (this run alone adds about 1; more means other processes shared the cores).")
     if str(device) == "cpu":
         emit(f"- The target is tiny ({target_params / 1e6:.1f}M parameters): plain decoding costs {plain_ms:.1f} ms "
              "per token here,\n"
