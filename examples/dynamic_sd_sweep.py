@@ -55,9 +55,9 @@ def main(argv=None) -> int:
         draft = transformers.AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device).eval()
         prompts = bench.load_prompts(args.data, tok, n_prompts, args.prompt_tokens)
     else:
-        from specdec.demo import build_demo_models
+        from specdec.demo import load_demo_models
 
-        demo = build_demo_models()
+        demo = load_demo_models()
         target, draft, tok = demo.target.to(args.device, dtype), demo.draft.to(args.device, dtype), demo.tokenizer
         prompts = [tok(p.prompt, return_tensors="pt", add_special_tokens=False).input_ids
                    for p in demo.heldout_prompts(n_prompts, args.prompt_tokens)]

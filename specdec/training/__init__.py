@@ -1,4 +1,4 @@
-"""Training of draft heads against any HF causal LM (online: the frozen target runs inside each step).
+"""Training: the one loop (:mod:`specdec.training.loop`) and the draft-head trainers built on it.
 
 References:
     EAGLE arXiv 2401.15077; EAGLE-3 arXiv 2503.01840.
@@ -13,6 +13,19 @@ from .eagle import (
     train_eagle3,
     ttt_forward,
 )
+from .loop import FitRecord, cosine_schedule, fit, sample_windows
 
-__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "draft_vocab_size_for_coverage", "token_stream",
-           "ttt_forward", "train_eagle1", "train_eagle3"]
+__all__ = [
+    "FitRecord",
+    "TrainRecord",
+    "TrainResult",
+    "build_draft_vocab",
+    "cosine_schedule",
+    "draft_vocab_size_for_coverage",
+    "fit",
+    "sample_windows",
+    "token_stream",
+    "train_eagle1",
+    "train_eagle3",
+    "ttt_forward",
+]

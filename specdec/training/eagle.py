@@ -9,9 +9,10 @@
   restricted to the draft vocabulary, step weights ``0.8 ** i``.
 - :func:`build_draft_vocab`: the EAGLE-3 reduced vocabulary from token frequencies (``d2t`` offsets, ``t2d``).
 
-Both loops: AdamW (betas 0.9 / 0.95), linear warm-up then cosine decay, gradient clipping, bf16 autocast on
-CUDA, random windows of a token stream (no per-token Python loops), a tqdm bar, periodic checkpoints in the
-format :func:`specdec.formats.load_eagle_head` reads.
+Both run on the project's one loop, :func:`specdec.training.loop.fit`: AdamW (betas 0.9 / 0.95), linear warm-up
+then cosine decay, gradient clipping, a tqdm bar; here add bf16 autocast on CUDA, random windows of a token stream
+(:func:`~specdec.training.loop.sample_windows`), periodic checkpoints in the format
+:func:`specdec.formats.load_eagle_head` reads.
 
 References:
     EAGLE arXiv 2401.15077 (Sec. 4.2, training); EAGLE-3 arXiv 2503.01840 (training-time test, Sec. 3);
@@ -20,19 +21,27 @@ References:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..formats.eagle import save_eagle_head
 from ..heads.eagle import Eagle1Head, Eagle3Head, target_dims
+from .loop import cosine_schedule, fit, sample_windows
 
-__all__ = ["TrainRecord", "TrainResult", "build_draft_vocab", "draft_vocab_size_for_coverage", "token_stream",
-           "ttt_forward", "train_eagle1", "train_eagle3"]
+__all__ = [
+    "TrainRecord",
+    "TrainResult",
+    "build_draft_vocab",
+    "draft_vocab_size_for_coverage",
+    "token_stream",
+    "train_eagle1",
+    "train_eagle3",
+    "ttt_forward",
+]
 
 
 class TrainRecord(NamedTuple):
@@ -172,31 +181,9 @@ def token_stream(data, tokenizer=None, separator: int | None = None) -> torch.Te
     return torch.cat(pieces)
 
 
-def _window_sampler(stream: torch.Tensor, seq_len: int, batch_size: int, device,
-                    generator: torch.Generator) -> Callable[[], torch.Tensor]:
-    if stream.numel() < seq_len + 1:
-        raise ValueError(f"the training data have {stream.numel()} tokens, fewer than one window of seq_len + 1 = "
-                         f"{seq_len + 1}: lower seq_len or give more text")
-    stream = stream.to(device)
-    span = torch.arange(seq_len, device=device)
-
-    def sample() -> torch.Tensor:
-        starts = torch.randint(0, stream.numel() - seq_len + 1, (batch_size,), generator=generator)
-        return stream[starts.to(device)[:, None] + span]
-
-    return sample
-
-
 # --------------------------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------------------------
-
-
-def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def _target_forward(target, batch: torch.Tensor, layers: Sequence[int]):
@@ -205,38 +192,47 @@ def _target_forward(target, batch: torch.Tensor, layers: Sequence[int]):
     return tuple(out.hidden_states[i] for i in layers), out.logits
 
 
-def _fit(head, target, sample, loss_fn, *, steps, lr, warmup_steps, weight_decay, grad_clip, amp, out_dir,
-         save_every, progress, desc) -> TrainResult:
-    from tqdm.auto import tqdm
+def _fit(head, sample, loss_fn, *, steps, lr, warmup_steps, weight_decay, grad_clip, amp, out_dir, save_every,
+         progress, desc) -> TrainResult:
+    """Train ``head`` on :func:`~specdec.training.loop.fit` (fp32 master weights, bf16 autocast on CUDA).
 
+    ``loss_fn(batch) -> (loss, token_loss, feature_loss, accuracy)`` (0-d tensors); ``sample()`` draws a batch.
+    """
     device = head.device
     final_dtype = head.dtype
     for p in head.parameters():  # fp32 master weights; frozen target buffers stay as they are
         p.data = p.data.float()
     head.train()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     warmup = min(steps // 10, 100) if warmup_steps is None else warmup_steps
     use_amp = amp and device.type == "cuda"
-    history: list[TrainRecord] = []
-    bar = tqdm(range(steps), desc=desc, disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        rate = _lr_at(step, steps, lr, max(warmup, 1))
-        for group in optimizer.param_groups:
-            group["lr"] = rate
+    keep = out_dir is not None and bool(save_every)
+    seen: list[tuple] = []  # detached per-step values, read only when a checkpoint writes its history
+
+    def step_loss(step: int):
         batch = sample()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
             loss, token_loss, feature_loss, accuracy = loss_fn(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(head.parameters(), grad_clip)
-        optimizer.step()
-        values = torch.stack([loss.detach().float(), token_loss.detach().float(), feature_loss.detach().float(),
-                              accuracy.detach().float()]).tolist()  # one host sync per step, for the log
-        history.append(TrainRecord(step + 1, *values, rate))
-        bar.set_postfix(loss=f"{values[0]:.3f}", acc=f"{values[3]:.3f}", refresh=False)
-        if out_dir is not None and save_every and (step + 1) % save_every == 0 and step + 1 < steps:
-            _checkpoint(head, Path(out_dir) / f"step-{step + 1}", history)
+        metrics = {"token_loss": token_loss, "feature_loss": feature_loss, "acc": accuracy}
+        if keep:
+            seen.append((step, loss.detach(), token_loss.detach(), feature_loss.detach(), accuracy.detach()))
+        return loss, metrics
+
+    def records_so_far() -> list[TrainRecord]:
+        values = torch.stack([torch.stack([v.float() for v in row[1:]]) for row in seen]).tolist()
+        return [TrainRecord(step + 1, *vals, cosine_schedule(step, total_steps=steps, peak_lr=lr,
+                                                               warmup_steps=max(warmup, 1)))
+                for (step, *_), vals in zip(seen, values)]
+
+    def checkpoint(done: int) -> None:
+        if done < steps:  # the final checkpoint is written below, in the head's own dtype
+            _checkpoint(head, Path(out_dir) / f"step-{done}", records_so_far())
+
+    fitted = fit(head.parameters(), step_loss, steps=steps, lr=lr, warmup_steps=max(warmup, 1),
+                 weight_decay=weight_decay, betas=(0.9, 0.95), grad_clip=grad_clip, desc=desc, progress=progress,
+                 checkpoint_every=save_every if out_dir is not None else 0,
+                 checkpoint_fn=checkpoint if out_dir is not None else None)
+    history = [TrainRecord(r.step, r.loss, r.metrics["token_loss"], r.metrics["feature_loss"], r.metrics["acc"], r.lr)
+               for r in fitted]
     head.eval()
     for p in head.parameters():
         p.data = p.data.to(final_dtype)
@@ -253,8 +249,12 @@ def _checkpoint(head, folder: Path, history) -> None:
 def _setup(target, data, tokenizer, seq_len, batch_size, seed):
     device = target.get_input_embeddings().weight.device
     stream = token_stream(data, tokenizer)
+    if stream.numel() < seq_len:
+        raise ValueError(f"the training data have {stream.numel()} tokens, fewer than one window of seq_len + 1 = "
+                         f"{seq_len}: lower seq_len or give more text")
     generator = torch.Generator().manual_seed(seed)
-    return device, stream, _window_sampler(stream, seq_len, batch_size, device, generator)
+    on_device = stream.to(device)
+    return device, stream, lambda: sample_windows(on_device, batch_size, seq_len, generator=generator)
 
 
 def _soft_ce(draft_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
@@ -325,7 +325,7 @@ def train_eagle1(target, data, *, tokenizer=None, head: Eagle1Head | None = None
         accuracy = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
         return feature_weight * feature_loss + token_weight * token_loss, token_loss, feature_loss, accuracy
 
-    return _fit(head, target, sample, loss_fn, steps=steps, lr=lr, warmup_steps=warmup_steps,
+    return _fit(head, sample, loss_fn, steps=steps, lr=lr, warmup_steps=warmup_steps,
                 weight_decay=weight_decay, grad_clip=grad_clip, amp=amp, out_dir=out_dir, save_every=save_every,
                 progress=progress, desc="EAGLE-1")
 
@@ -491,7 +491,7 @@ def train_eagle3(target, data, *, tokenizer=None, head: Eagle3Head | None = None
                 first = (ce, (agree.float() * mask).sum() / mask.sum().clamp(min=1.0))
         return total, first[0], torch.zeros((), device=device), first[1]
 
-    return _fit(head, target, sample, loss_fn, steps=steps, lr=lr, warmup_steps=warmup_steps,
+    return _fit(head, sample, loss_fn, steps=steps, lr=lr, warmup_steps=warmup_steps,
                 weight_decay=weight_decay, grad_clip=grad_clip, amp=amp, out_dir=out_dir, save_every=save_every,
                 progress=progress, desc="EAGLE-3")
 

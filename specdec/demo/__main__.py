@@ -1,0 +1,4 @@
+"""``python -m specdec.demo``: see :func:`specdec.demo.cli.main`."""
+from .cli import main
+
+raise SystemExit(main())
