@@ -99,7 +99,7 @@ def test_shipped_assets_are_package_data():
 
 def test_demo_greedy_rows_are_identical_to_plain(shipped):
     from specdec.drafters import DraftModelDrafter, PromptLookupDrafter
-    from specdec.eagle import eagle2
+    from specdec.recipes import eagle2
 
     prompts = shipped.heldout_prompts(2, prompt_tokens=96)
     ids = [shipped.tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in prompts]

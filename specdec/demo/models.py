@@ -92,7 +92,7 @@ class DemoModels(NamedTuple):
         target: the target ``LlamaForCausalLM`` (eval mode).
         draft: the draft ``LlamaForCausalLM`` (same vocabulary).
         tokenizer: the byte-level BPE as a ``PreTrainedTokenizerFast``.
-        eagle_head: an :class:`~specdec.eagle.Eagle1Head` bound to ``target``.
+        eagle_head: an :class:`~specdec.heads.Eagle1Head` bound to ``target``.
         prompts: every shipped :class:`DemoPrompt`, untrimmed.
         report: the :class:`DemoReport` of the build.
         path: the folder they were loaded from.
