@@ -36,7 +36,8 @@ __all__ = [
     "Tree", "compile_tree", "chain_tree", "tree_attention_mask", "tree_positions", "causal_mask_with_padding",
     "prefix_valid_from_lengths",
     # sampling and verification
-    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "as_source", "select_verifier", "verify_greedy", "verify_chain",
+    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "as_source", "select_verifier", "verify_greedy",
+    "verify_chain",
     "verify_tree_deterministic", "verify_tree_iid", "verify_tree_without_replacement", "verify_typical",
     # drafters and schedules
     "DraftModelDrafter", "PromptLookupDrafter", "Schedule", "make_schedule",

@@ -1,11 +1,14 @@
 """EAGLE draft heads: a feature-conditioned decoder layer that extrapolates the target's hidden states.
 
-Two heads share one skeleton (``fc`` -> Llama decoder layer(s) -> logits) and one calling convention:
+Two heads share one skeleton (``fc`` -> Llama decoder layer(s) of :mod:`specdec.nn` -> logits) and one calling
+convention; they differ in layer 0 and the output:
 
 - :class:`Eagle1Head` (EAGLE-1 / EAGLE-2). Input at position ``t`` is ``fc(cat(embed(x_{t+1}), f_t))`` with
   ``f_t`` the target's last hidden state *after* its final norm (the vector fed to ``lm_head``). Layer 0 has no
-  input norm, there is no final norm, and logits come from the target's own ``lm_head``.
-- :class:`Eagle3Head` (EAGLE-3). ``fc`` fuses three target layers (``3 H_t -> H``); layer 0 attends over
+  input norm (``DecoderLayer(input_norm=False)``), there is no final norm, and logits come from the target's own
+  ``lm_head``.
+- :class:`Eagle3Head` (EAGLE-3). ``fc`` fuses three target layers (``3 H_t -> H``); layer 0
+  (``FusedInputDecoderLayer``) attends over
   ``cat(input_layernorm(embed(x_{t+1})), hidden_norm(h_t))`` (q/k/v read ``2H``) with the residual taken from
   the un-normed ``h_t``; an own ``norm`` and ``lm_head`` over a reduced draft vocabulary mapped back with
   ``d2t`` (``target_id = i + d2t[i]``). Later draft steps feed the head's own pre-norm output back as ``h``.
