@@ -49,7 +49,8 @@ def sweep(target, head, prompts, depths, totals, top_k: int, max_new_tokens: int
     plain = [sd.generate(target, p, max_new_tokens=max_new_tokens).sequences for p in prompts]
     rows = []
     for depth, total in tqdm([(d, t) for d in depths for t in totals], desc="sweep", disable=not progress):
-        drafter = drafters.EagleDrafter(head, trees.DynamicTree(total, depth, min(top_k, total - 1)))
+        tree = trees.DynamicTree(total, depth, min(top_k, total - 1))
+        drafter = sd.graphs.cuda_graphed(drafters.EagleDrafter(head, tree))
         sd.generate(target, prompts[0], drafter=drafter, max_new_tokens=8)  # warm-up (and graph capture on CUDA)
         emitted = steps = new = 0
         tries = torch.zeros(depth, dtype=torch.long)

@@ -8,10 +8,12 @@ A flat public API::
     drafter = sd.recipes.eagle2(sd.formats.load_eagle_head("path/or/hub-id", model))
 
 Blocks by kind: ``sd.trees`` (compiler, presets, tree policies), ``sd.masks``, ``sd.sampling``, ``sd.verify``,
-``sd.drafters``, ``sd.heads``, ``sd.formats``, ``sd.training``, ``sd.schedule``, ``sd.adapter``; methods as
+``sd.drafters``, ``sd.nn`` (decoder layers shared by the heads), ``sd.heads``, ``sd.formats``, ``sd.training``,
+``sd.schedule``, ``sd.adapter``, ``sd.graphs`` (CUDA graphs as a wrapper the caller applies); methods as
 compositions in ``sd.recipes``; ``sd.testing`` (sampling-law oracles) and ``sd.bench`` (harness).
 """
-from . import adapter, bench, drafters, formats, heads, masks, recipes, sampling, schedule, testing, training, trees, verify
+from . import (adapter, bench, drafters, formats, graphs, heads, masks, nn, recipes, sampling, schedule, testing,
+               training, trees, verify)
 from .adapter import ModelAdapter
 from .drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from .generate import GenerateOutput, GenerationStats, generate
@@ -34,11 +36,12 @@ __all__ = [
     "Tree", "compile_tree", "chain_tree", "tree_attention_mask", "tree_positions", "causal_mask_with_padding",
     "prefix_valid_from_lengths",
     # sampling and verification
-    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "as_source", "select_verifier", "verify_greedy", "verify_chain",
+    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "as_source", "select_verifier", "verify_greedy",
+    "verify_chain",
     "verify_tree_deterministic", "verify_tree_iid", "verify_tree_without_replacement", "verify_typical",
     # drafters and schedules
     "DraftModelDrafter", "PromptLookupDrafter", "Schedule", "make_schedule",
     # submodules
-    "adapter", "bench", "drafters", "formats", "heads", "masks", "recipes", "sampling", "schedule", "testing",
-    "training", "trees", "verify",
+    "adapter", "bench", "drafters", "formats", "graphs", "heads", "masks", "nn", "recipes", "sampling", "schedule",
+    "testing", "training", "trees", "verify",
 ]

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .masks import to_aligned_additive_mask
+from .nn.attention import masked_sdpa_kernel
 from .trees import ancestor_matrix
 
 __all__ = ["CacheState", "ForwardOutput", "ModelAdapter", "SUPPORTED_ATTENTION"]
@@ -67,18 +68,6 @@ class ForwardOutput(NamedTuple):
 
     logits: torch.Tensor
     features: tuple[torch.Tensor, ...]
-
-
-def _attention_backends():
-    """SDPA backends allowed for masked tree attention on CUDA.
-
-    With a custom 4-D mask PyTorch may pick the cuDNN backend, which builds a new execution plan for every new
-    shape (about 13 ms of CPU per attention call was measured on an H200 with torch 2.11), and every decoding
-    step has a new shape. Memory-efficient attention takes arbitrary masks without that cost.
-    """
-    from torch.nn.attention import SDPBackend
-
-    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _new_cache():
@@ -160,9 +149,7 @@ class ModelAdapter:
         if logits_to_keep and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
         if tokens.is_cuda:
-            from torch.nn.attention import sdpa_kernel
-
-            with sdpa_kernel(_attention_backends()):
+            with masked_sdpa_kernel():
                 out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kwargs)
         else:
             out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kwargs)

@@ -1,4 +1,4 @@
-"""Checkpoint loading / saving (specdec/eagle/checkpoints.py).
+"""Checkpoint loading / saving (specdec/formats/eagle.py).
 
 Each test builds a small *source module* the way the public code lays it out (HF Llama pieces: ``fc``, a
 ``LlamaDecoderLayer`` without ``input_layernorm`` for EAGLE-1; a 2H-input ``midlayer`` with ``hidden_norm`` for

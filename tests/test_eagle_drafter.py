@@ -1,4 +1,4 @@
-"""EAGLE drafting (specdec/eagle/dynamic_tree.py, specdec/eagle/drafter.py)."""
+"""EAGLE drafting (specdec/trees/dynamic.py, specdec/trees/static.py, specdec/drafters/eagle.py)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""EAGLE heads (specdec/eagle/heads.py): shapes, draft-vocabulary mapping, cached vs full forward."""
+"""EAGLE heads (specdec/heads/eagle.py): shapes, draft-vocabulary mapping, cached vs full forward."""
 from __future__ import annotations
 
 import pytest

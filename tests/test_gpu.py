@@ -1,4 +1,5 @@
-"""CUDA-only checks (skipped without a GPU): the CUDA-graph draft path and the CUDA attention backends.
+"""CUDA-only checks (skipped without a GPU): CUDA graphs (specdec/graphs.py) around the EAGLE drafter, the
+capture against its eager reference, and the CUDA attention backends.
 
 Run on the GPU machine with ``python -m pytest -q tests/test_gpu.py``.
 """
@@ -11,6 +12,8 @@ import specdec as sd
 from specdec.trees import DynamicTree, StaticTree
 from specdec.heads import Eagle1Head, Eagle3Head
 from specdec.drafters import EagleDrafter
+from specdec.graphs import capture_graph, capture_graph_ref, cuda_graphed
+from specdec.nn import masked_attention
 from specdec.trees import EAGLE_MC_SIM_7B_63
 
 from tiny_models import VOCAB, noisy_copy, tiny_model
@@ -43,32 +46,35 @@ def _heads(target):
 def test_cuda_graph_drafts_equal_eager_drafts(target, kind, policy):
     head = _heads(target)[kind]
 
-    def make(graphs):
+    def make():
         tree = DynamicTree(total_tokens=16, depth=4, top_k=3) if policy == "dynamic" else StaticTree(
             EAGLE_MC_SIM_7B_63)
-        return EagleDrafter(head, tree, cuda_graphs=graphs)
+        return EagleDrafter(head, tree)
 
-    graphed, eager = make(True), make(False)
+    graphed, eager = cuda_graphed(make()), make()
     plain = None
     for seed in range(2):  # the second call reuses the graphed drafter's buffer and graphs
         ids, mask = _prompts(2, seed)
         a = sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=24)
         b = sd.generate(target, ids, attention_mask=mask, drafter=eager, max_new_tokens=24)
         plain = sd.generate(target, ids, attention_mask=mask, max_new_tokens=24)
-        assert graphed._graphs, "the graphed drafter never captured a graph"
-        assert not eager._graphs
+        assert any(key[0] == "propose" for key in graphed.graph_keys), "the draft step was never captured"
+        assert ("update",) in graphed.graph_keys, "the update step was never captured"
+        if seed == 0:
+            cache = graphed.buffers
+        assert graphed.buffers is cache  # start() handed the same cache out again
         assert torch.equal(a.sequences, b.sequences)
         assert a.stats.num_accepted_per_step == b.stats.num_accepted_per_step
         assert torch.equal(a.sequences, plain.sequences)
 
 
 def test_cuda_graphs_survive_a_cache_reallocation(target):
-    drafter = EagleDrafter(_heads(target)["eagle1"], DynamicTree(total_tokens=8, depth=3, top_k=2))
+    drafter = cuda_graphed(EagleDrafter(_heads(target)["eagle1"], DynamicTree(total_tokens=8, depth=3, top_k=2)))
     ids, mask = _prompts(1)
     out = sd.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=300 - ids.shape[1])
     ref = sd.generate(target, ids, attention_mask=mask, max_new_tokens=300 - ids.shape[1])
     assert torch.equal(out.sequences, ref.sequences)
-    assert drafter._graph_cache.capacity >= 300
+    assert drafter.buffers.capacity >= 300  # the cache grew and the graphs were captured again on it
 
 
 @pytest.mark.parametrize("make", ["draft_model", "prompt_lookup", "eagle2"])
@@ -76,7 +82,7 @@ def test_greedy_identity_on_cuda(target, make):
     drafter = {
         "draft_model": lambda: sd.DraftModelDrafter(noisy_copy(target, 0.3), num_drafts=4),
         "prompt_lookup": lambda: sd.PromptLookupDrafter(num_drafts=4),
-        "eagle2": lambda: EagleDrafter(_heads(target)["eagle1"], DynamicTree(16, 4, 3)),
+        "eagle2": lambda: sd.recipes.eagle2(_heads(target)["eagle1"], total_tokens=16, depth=4, top_k=3),
     }[make]()
     ids, mask = _prompts(2)
     out = sd.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=32)
@@ -88,11 +94,30 @@ def test_greedy_identity_on_cuda(target, make):
 def test_sampled_tree_at_temperature_runs_eagerly(target):
     from specdec.trees import SampledTree
 
-    drafter = EagleDrafter(_heads(target)["eagle1"], SampledTree([(0,), (1,), (0, 0)]))
+    drafter = cuda_graphed(EagleDrafter(_heads(target)["eagle1"], SampledTree([(0,), (1,), (0, 0)])))
     ids, mask = _prompts(2)
     out = sd.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, temperature=1.0,
                       generator=torch.Generator(device="cuda").manual_seed(0))
     assert out.sequences.shape[1] == ids.shape[1] + 16
     # T > 0 with a sampled tree: its draft runs eagerly (random draws are not graph-captured); the update,
     # which draws nothing, may still be graphed
-    assert not [key for key in drafter._graphs if key[1] is not None]
+    assert not [key for key in drafter.graph_keys if key[0] == "propose"]
+
+
+def test_capture_graph_equals_its_eager_reference():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randn(16, 16, device="cuda", generator=g)
+    mask = torch.rand(2, 1, 5, 5, device="cuda", generator=g) < 0.5
+    mask |= torch.eye(5, dtype=torch.bool, device="cuda")
+
+    def fn(q, k):
+        return masked_attention(q @ weight, k, k, mask), q.sum(-1)
+
+    inputs = (torch.randn(2, 4, 5, 16, device="cuda", generator=g),
+              torch.randn(2, 2, 5, 16, device="cuda", generator=g))
+    graphed, ref = capture_graph(fn, inputs), capture_graph_ref(fn, inputs)
+    for _ in range(3):  # replays after new inputs are copied in
+        new = tuple(torch.randn(x.shape, device="cuda", generator=g) for x in inputs)
+        a, b = graphed(*new), ref(*new)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, fn(*new), rtol=1e-5, atol=1e-5)

@@ -1,9 +1,12 @@
-"""The EAGLE drafter: an autoregressive feature-level head (EAGLE-1 / EAGLE-3) driven by a tree policy.
+"""The EAGLE drafter: an autoregressive feature head (EAGLE-1 / EAGLE-3) driven by a tree policy.
 
 :class:`EagleDrafter` implements the :class:`~specdec.drafters.Drafter` protocol around an
 :class:`~specdec.heads.Eagle1Head` or :class:`~specdec.heads.Eagle3Head`, with any tree policy of
-:mod:`specdec.trees` (``StaticTree``, ``SampledTree``, ``DynamicTree``). The methods are recipes in
-:mod:`specdec.recipes` (``eagle1``, ``eagle2``, ``eagle3``).
+:mod:`specdec.trees` (``StaticTree``, ``SampledTree``, ``DynamicTree``). Its core is generic over
+autoregressive feature heads: it keeps the head's KV cache and calls the policy with an ``expand`` callback
+(:mod:`specdec.trees.dynamic`); what is EAGLE about it is only the head's calling convention
+(``features_to_hidden``, ``head(tokens, hidden, positions, mask, cache, slots)``, ``logits``,
+``draft_to_target``). The methods are recipes in :mod:`specdec.recipes` (``eagle1``, ``eagle2``, ``eagle3``).
 
 The head's KV cache, per row (slot = position of the feature, so rows stay aligned without compaction)::
 
@@ -14,10 +17,10 @@ at their positions; the output at the last one is the root's hidden state, whose
 ``propose`` then runs one forward per further level over that level's expanded nodes, writing their keys
 into the scratch region at the end of the cache (never into the committed part, so rejected branches leave
 no trace). Every forward attends over the whole cache under a mask, so a step's shapes depend only on the
-batch size, the capacity and the depth: on CUDA, ``propose`` and ``update`` are captured once per shape as
-CUDA graphs and replayed (``cuda_graphs``), which removes the launch overhead of ~100 small kernels per level.
-``bound`` is a host-side upper bound of the row lengths, advanced by the feedback width, so no step needs a
-host-device sync (one deliberate sync every ``resync_every`` updates re-tightens it).
+batch size, the capacity, the depth and the feedback width: the steps are :class:`~specdec.graphs.Step` s that
+:func:`specdec.graphs.cuda_graphed` captures once per shape and replays (``draft_step`` / ``absorb_step``; the
+recipes apply it on request). ``bound`` is a host-side upper bound of the row lengths, advanced by the feedback
+width, so no step needs a host-device sync (one deliberate sync every ``resync_every`` updates re-tightens it).
 
 References:
     EAGLE arXiv 2401.15077; EAGLE-2 arXiv 2406.16858; EAGLE-3 arXiv 2503.01840.
@@ -28,17 +31,13 @@ from typing import NamedTuple
 
 import torch
 
+from ..graphs import Step, run_step
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
 from ..trees.static import as_policy
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
 
 __all__ = ["EagleDrafter", "EagleState"]
-
-
-# --------------------------------------------------------------------------------------------------------
-# The drafter
-# --------------------------------------------------------------------------------------------------------
 
 
 class EagleState(NamedTuple):
@@ -66,7 +65,7 @@ def _round_up(n: int, m: int = 64) -> int:
 
 
 class EagleDrafter:
-    """Drafter for the EAGLE family: an EAGLE head plus a tree policy.
+    """Drafter for the EAGLE family: an EAGLE head plus a tree policy (eager; see :mod:`specdec.graphs`).
 
     Args:
         head: an :class:`~specdec.heads.Eagle1Head` or :class:`~specdec.heads.Eagle3Head` (on the target's
@@ -74,10 +73,6 @@ class EagleDrafter:
         tree: the tree policy: :class:`~specdec.trees.DynamicTree` (default ``DynamicTree()``: EAGLE-2),
             :class:`StaticTree` / a compiled tree / tree choices (EAGLE-1), or :class:`SampledTree`.
         resync_every: updates between the deliberate host syncs that re-tighten the cache bound.
-        cuda_graphs: on CUDA, capture ``propose`` as a CUDA graph per (batch size, depth), and ``update`` per
-            batch size, and replay them (a sampled tree at T > 0 drafts eagerly: its draws are not captured).
-            The drafter then keeps one cache buffer that each :meth:`start` hands out again, so a drafter
-            serves one ``generate()`` at a time (as its states are consumed in order anyway). ``False``: eager.
 
     Attributes:
         max_num_drafts: the policy's depth (a step's ``K`` prunes the tree to depth ``K``).
@@ -86,13 +81,13 @@ class EagleDrafter:
 
     Example:
         >>> drafter = EagleDrafter(Eagle1Head.from_target(model), DynamicTree(60, 6, 10))  # doctest: +SKIP
-        >>> out = specdec.generate(model, ids, drafter=drafter)                             # doctest: +SKIP
+        >>> out = specdec.generate(model, ids, drafter=specdec.graphs.cuda_graphed(drafter))  # doctest: +SKIP
 
     References:
         EAGLE arXiv 2401.15077; EAGLE-2 arXiv 2406.16858; EAGLE-3 arXiv 2503.01840.
     """
 
-    def __init__(self, head, tree=None, *, resync_every: int = 16, cuda_graphs: bool = True):
+    def __init__(self, head, tree=None, *, resync_every: int = 16):
         if not isinstance(head, (Eagle1Head, Eagle3Head)):
             raise TypeError(f"head must be an Eagle1Head or Eagle3Head, got {type(head).__name__}; load one with "
                             f"specdec.formats.load_eagle_head(path, target)")
@@ -102,10 +97,7 @@ class EagleDrafter:
         self.feature_layers = tuple(head.feature_layers)
         self.vocab_size = head.config.vocab_size
         self.resync_every = resync_every
-        self.cuda_graphs = cuda_graphs
         self._scratch = self.policy.scratch_slots(self.max_num_drafts)
-        self._graphs: dict = {}    # (batch, depth) -> _GraphedDraft, (batch, None) -> _GraphedUpdate
-        self._graph_cache = None   # the one cache buffer graphed states reuse (start() hands it out again)
 
     def __repr__(self) -> str:
         return f"EagleDrafter({type(self.head).__name__}, {self.policy!r})"
@@ -115,85 +107,47 @@ class EagleDrafter:
     def _scratch_start(self, cache: HeadCache) -> int:
         return cache.capacity - 1 - self._scratch  # scratch slots, then the trash slot, end the cache
 
+    def _new_cache(self, feedback: Feedback, static: bool, buffers: HeadCache | None) -> HeadCache:
+        B, M = feedback.tokens.shape
+        device = feedback.tokens.device
+        need = M + 2 * (self.max_num_drafts + 1) + self._scratch + 1
+        if not static:
+            return self.head.new_cache(B, _round_up(need), device)
+        if (buffers is not None and buffers.keys.shape[1] == B and buffers.capacity >= need
+                and buffers.keys.device == device):
+            return buffers  # the previous run's buffer: graphs captured on it stay valid
+        return self.head.new_cache(B, _round_up(need + 256, 256), device)  # headroom: fewer recaptures
+
     def _ensure_capacity(self, state: EagleState, width: int) -> EagleState:
         need = state.bound + width + self._scratch + 1  # + 1: the trash slot for invalid entries
         if need <= state.cache.capacity:
             return state
-        graphed = state.cache is self._graph_cache
-        capacity = _round_up(max(need, 2 * state.cache.capacity), 256 if graphed else 64)
         old = state.cache
-        new = self.head.new_cache(old.keys.shape[1], capacity, old.keys.device, old.keys.dtype)
+        new = self.head.new_cache(old.keys.shape[1], _round_up(max(need, 2 * old.capacity)), old.keys.device,
+                                  old.keys.dtype)
         new.keys[:, :, :, : state.bound] = old.keys[:, :, :, : state.bound]
         new.values[:, :, :, : state.bound] = old.values[:, :, :, : state.bound]
-        if graphed:  # graphs captured on the old buffer are stale
-            self._graph_cache, self._graphs = new, {}
         return state._replace(cache=new)
-
-    def _absorb(self, state: EagleState, feedback: Feedback) -> EagleState:
-        B, M = feedback.tokens.shape
-        if M == 0:
-            return state
-        state = self._ensure_capacity(state, M)
-        if (self._graphable(state.lengths.device) and state.cache is self._graph_cache
-                and M <= self.max_num_drafts + 1 and state.num_forwards > 0):  # a step's feedback, not a prompt
-            lengths, last_hidden = self._graphed(state, None, None).replay(state, feedback)
-        else:
-            lengths, last_hidden = self._absorb_tensors(state, feedback)
-        bound = state.bound + M  # entries continue each row: positions < old length + M
-        since = state.since_resync + 1
-        if since >= self.resync_every:
-            bound = int(lengths.max())  # deliberate host sync, once per resync_every steps
-            since = 0
-        return EagleState(state.cache, lengths, bound, last_hidden, state.num_forwards + 1, since)
-
-    def _absorb_tensors(self, state: EagleState, feedback: Feedback) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the head over the feedback entries (no host sync; static shapes given batch, width, capacity).
-
-        Returns:
-            ``(lengths [B], last_hidden [B, H])``.
-        """
-        head = self.head
-        tokens, positions, valid = feedback.tokens, feedback.positions, feedback.valid.bool()
-        B, M = tokens.shape
-        device = tokens.device
-        trash = state.cache.capacity - 1
-        hidden = head.features_to_hidden(feedback.features)
-        slots = torch.where(valid, positions, torch.full_like(positions, trash))
-        lengths = torch.maximum(state.lengths, torch.where(valid, positions + 1, 0).amax(1))
-        s = torch.arange(state.cache.capacity, device=device)
-        sees = (s < lengths[:, None, None]) & (s <= positions[:, :, None])
-        sees |= ~valid[:, :, None] & (s == 0)  # padding entries look at slot 0: finite, never used
-        out = head(feedback.next_tokens, hidden, positions, sees[:, None], state.cache, slots)
-        last = torch.where(valid, torch.arange(M, device=device), -1).amax(1)
-        picked = out.gather(1, last.clamp(min=0)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
-        return lengths, torch.where((last >= 0)[:, None], picked, state.last_hidden.to(picked.dtype))
 
     # ---- the protocol --------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def start(self, feedback: Feedback) -> EagleState:
+    def start(self, feedback: Feedback, *, static: bool = False, buffers: HeadCache | None = None) -> EagleState:
         """Run the head over the prompt (target features at every prompt token) and build the state.
 
         Args:
             feedback: the prompt's :class:`~specdec.drafters.Feedback` (left padding invalid).
+            static: allocate a cache meant to stay put (with headroom), for :mod:`specdec.graphs`.
+            buffers: with ``static``, the cache of an earlier run (``Step.buffers``), reused when it fits.
 
         Returns:
             An :class:`EagleState`.
         """
-        B, M = feedback.tokens.shape
+        B = feedback.tokens.shape[0]
         device = feedback.tokens.device
-        need = M + 2 * (self.max_num_drafts + 1) + self._scratch + 1
-        if self._graphable(device):
-            # One buffer per drafter, reused by the next start(): graphs stay valid across generate() calls.
-            cache = self._graph_cache
-            if cache is None or cache.keys.shape[1] != B or cache.capacity < need:
-                cache = self._graph_cache = self.head.new_cache(B, _round_up(need + 256, 256), device)
-                self._graphs = {}
-        else:
-            cache = self.head.new_cache(B, _round_up(need), device)
-        state = EagleState(cache, torch.zeros(B, dtype=torch.long, device=device), 0,
-                           torch.zeros(B, self.head.config.hidden_size, device=device, dtype=self.head.dtype), 0, 0)
-        return self._absorb(state, feedback)
+        state = EagleState(self._new_cache(feedback, static, buffers), torch.zeros(B, dtype=torch.long, device=device),
+                           0, torch.zeros(B, self.head.config.hidden_size, device=device, dtype=self.head.dtype), 0, 0)
+        return run_step(self.absorb_step(state, feedback))
 
     @torch.no_grad()
     def propose(self, state: EagleState, request: ProposeRequest) -> tuple[Draft, EagleState]:
@@ -206,53 +160,7 @@ class EagleDrafter:
         Returns:
             ``(draft, state)``.
         """
-        if request.num_drafts < 1:
-            raise ValueError(f"num_drafts must be >= 1 (K = 0 is a plain step and never reaches a drafter), got "
-                             f"{request.num_drafts}")
-        depth = min(self.max_num_drafts, request.num_drafts)
-        state = state._replace(num_forwards=state.num_forwards + self.policy.num_forwards(depth))
-        if self._graphable(state.lengths.device) and state.cache is self._graph_cache and (
-                self.policy.scheme is DraftScheme.DETERMINISTIC or request.sampling.is_greedy):
-            return self._graphed(state, request.root_positions, depth).replay(state, request.root_positions), state
-        return self._draft(state, request.root_positions, depth, request), state
-
-    def _draft(self, state: EagleState, root_positions: torch.Tensor, depth: int,
-               request: ProposeRequest | None = None) -> Draft:
-        """The tree of one step (no host sync; static shapes given batch, capacity and depth)."""
-        head = self.head
-        B = state.lengths.shape[0]
-        device = state.lengths.device
-        C, S0 = state.cache.capacity, self._scratch_start(state.cache)
-        committed = torch.arange(S0, device=device) < state.lengths[:, None]  # [B, S0]
-
-        def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
-            F, S = tokens.shape[1], visible.shape[-1]
-            slots = (S0 + S - F + torch.arange(F, device=device))[None].expand(B, F)
-            mask = torch.cat([committed[:, None].expand(B, F, S0), visible,
-                              visible.new_zeros(B, F, C - S0 - S)], dim=-1)[:, None]
-            positions = (root_positions + (level - 1))[:, None].expand(B, F)
-            out = head(tokens, parent_hidden, positions, mask, state.cache, slots)
-            return head.logits(out), out
-
-        sampling = request.sampling if request is not None else None
-        source = request.source if request is not None else None
-        return self.policy.grow(head.logits(state.last_hidden), state.last_hidden, expand, depth=depth,
-                                draft_to_target=head.draft_to_target, sampling=sampling, source=source,
-                                vocab_size=head.config.vocab_size)
-
-    # ---- CUDA graphs ---------------------------------------------------------------------------------
-
-    def _graphable(self, device) -> bool:
-        return self.cuda_graphs and torch.device(device).type == "cuda" and torch.cuda.is_available()
-
-    def _graphed(self, state: EagleState, root_positions: torch.Tensor | None, depth: int | None):
-        """The captured draft of ``depth`` levels, or (``depth=None``) the captured update, for this batch."""
-        key = (state.lengths.shape[0], depth)
-        graphed = self._graphs.get(key)
-        if graphed is None:
-            graphed = self._graphs[key] = (_GraphedUpdate(self, state) if depth is None
-                                           else _GraphedDraft(self, state, root_positions, depth))
-        return graphed
+        return run_step(self.draft_step(state, request))
 
     @torch.no_grad()
     def update(self, state: EagleState, feedback: Feedback) -> EagleState:
@@ -265,91 +173,109 @@ class EagleDrafter:
         Returns:
             The new :class:`EagleState`.
         """
-        return self._absorb(state, feedback)
+        return run_step(self.absorb_step(state, feedback))
 
+    # ---- the steps (specdec.graphs captures them) ------------------------------------------------------
 
-def _capture(fn, device):
-    """Warm ``fn`` up on a side stream (lazy tables, kernels' first-call work), then capture it as a CUDA graph.
+    def draft_step(self, state: EagleState, request: ProposeRequest) -> Step:
+        """:meth:`propose` as a :class:`~specdec.graphs.Step`: inputs ``(lengths, root_positions, last_hidden)``.
 
-    Args:
-        fn: a function of no arguments whose inputs are fixed tensors.
-        device: the CUDA device ``fn`` runs on (captured there, whatever the current device).
+        Args:
+            state: from :meth:`start` / :meth:`update`.
+            request: the step's request.
 
-    Returns:
-        ``(graph, output)``: replaying ``graph`` recomputes ``output`` in place from the same input buffers.
-    """
-    with torch.cuda.device(device):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-    return graph, out
+        Returns:
+            A step whose ``finish`` returns ``(draft, state)``; its key is ``("propose", depth)``, or ``None``
+            for a sampled tree at temperature > 0 (its draws come from the run's random source).
+        """
+        if request.num_drafts < 1:
+            raise ValueError(f"num_drafts must be >= 1 (K = 0 is a plain step and never reaches a drafter), got "
+                             f"{request.num_drafts}")
+        depth = min(self.max_num_drafts, request.num_drafts)
+        after = state._replace(num_forwards=state.num_forwards + self.policy.num_forwards(depth))
+        sampled = self.policy.scheme is not DraftScheme.DETERMINISTIC and not request.sampling.is_greedy
+        cache = state.cache
 
+        def draft(lengths: torch.Tensor, root_positions: torch.Tensor, last_hidden: torch.Tensor) -> Draft:
+            return self._draft(cache, lengths, root_positions, last_hidden, depth, request)
 
-class _GraphedDraft:
-    """``EagleDrafter._draft`` captured as a CUDA graph for one (batch, depth) on the drafter's cache buffer.
+        return Step(fn=draft, inputs=(state.lengths, request.root_positions, state.last_hidden),
+                    finish=lambda out: (out, after), key=None if sampled else ("propose", depth), buffers=cache)
 
-    Inputs (row lengths, root positions, the root's hidden state) are copied into static buffers, the graph
-    is replayed, and the draft is cloned out of the graph's output buffers (the next replay overwrites them).
-    Warm-up and capture only write tree scratch slots, which no committed entry reads.
-    """
+    def absorb_step(self, state: EagleState, feedback: Feedback) -> Step:
+        """:meth:`update` as a :class:`~specdec.graphs.Step` (inputs: lengths, last hidden, the feedback tensors).
 
-    def __init__(self, drafter: EagleDrafter, state: EagleState, root_positions: torch.Tensor, depth: int):
-        self.lengths = state.lengths.clone()
-        self.root_positions = root_positions.clone()
-        self.last_hidden = state.last_hidden.clone()
-        static = state._replace(lengths=self.lengths, last_hidden=self.last_hidden)
-        self.graph, self.out = _capture(lambda: drafter._draft(static, self.root_positions, depth),
-                                        state.lengths.device)
+        Args:
+            state: the state returned by :meth:`propose`.
+            feedback: the committed entries.
 
-    def replay(self, state: EagleState, root_positions: torch.Tensor) -> Draft:
-        self.lengths.copy_(state.lengths)
-        self.root_positions.copy_(root_positions)
-        self.last_hidden.copy_(state.last_hidden)
-        self.graph.replay()
-        out = self.out
-        return Draft(out.tokens.clone(), out.parents.clone(), out.depths.clone(), None, out.scheme)
+        Returns:
+            A step whose ``finish`` returns the new state; its key is ``("update",)`` for a step's feedback (at
+            most ``max_num_drafts + 1`` entries), ``None`` for wider feedback (a prompt).
+        """
+        B, M = feedback.tokens.shape
+        if M == 0:
+            return Step(fn=lambda: None, inputs=(), finish=lambda _: state, buffers=state.cache)
+        state = self._ensure_capacity(state, M)
 
+        def finish(out: tuple[torch.Tensor, torch.Tensor]) -> EagleState:
+            lengths, last_hidden = out
+            bound = state.bound + M  # entries continue each row: positions < old length + M
+            since = state.since_resync + 1
+            if since >= self.resync_every:
+                bound = int(lengths.max())  # deliberate host sync, once per resync_every steps
+                since = 0
+            return EagleState(state.cache, lengths, bound, last_hidden, state.num_forwards + 1, since)
 
-class _GraphedUpdate:
-    """``EagleDrafter._absorb_tensors`` captured as a CUDA graph for one batch size, on feedback padded to the
-    widest a step can send (``max_num_drafts + 1`` entries; the padding is invalid and goes to the trash slot).
+        cache = state.cache
+        inputs = (state.lengths, state.last_hidden, feedback.tokens, feedback.next_tokens, feedback.positions,
+                  feedback.valid, tuple(feedback.features))
+        return Step(fn=lambda *tensors: self._absorb(cache, *tensors), inputs=inputs, finish=finish,
+                    key=("update",) if M <= self.max_num_drafts + 1 else None, buffers=cache)
 
-    Capture runs the head on all-invalid feedback, so it writes only the trash slot.
-    """
+    def _absorb(self, cache: HeadCache, lengths: torch.Tensor, last_hidden: torch.Tensor, tokens: torch.Tensor,
+                next_tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                features: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head over the feedback entries (no host sync; static shapes given batch, width, capacity).
 
-    def __init__(self, drafter: EagleDrafter, state: EagleState):
-        B, W = state.lengths.shape[0], drafter.max_num_drafts + 1
-        device = state.lengths.device
-        head = drafter.head
+        Returns:
+            ``(lengths [B], last_hidden [B, H])``.
+        """
+        head = self.head
+        valid = valid.bool()
+        B, M = tokens.shape
+        device = tokens.device
+        trash = cache.capacity - 1
+        hidden = head.features_to_hidden(features)
+        slots = torch.where(valid, positions, torch.full_like(positions, trash))
+        lengths = torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1))
+        s = torch.arange(cache.capacity, device=device)
+        sees = (s < lengths[:, None, None]) & (s <= positions[:, :, None])
+        sees |= ~valid[:, :, None] & (s == 0)  # padding entries look at slot 0: finite, never used
+        out = head(next_tokens, hidden, positions, sees[:, None], cache, slots)
+        last = torch.where(valid, torch.arange(M, device=device), -1).amax(1)
+        picked = out.gather(1, last.clamp(min=0)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
+        return lengths, torch.where((last >= 0)[:, None], picked, last_hidden.to(picked.dtype))
 
-        def zeros(*shape, dtype=torch.long):
-            return torch.zeros(*shape, dtype=dtype, device=device)
+    def _draft(self, cache: HeadCache, lengths: torch.Tensor, root_positions: torch.Tensor,
+               last_hidden: torch.Tensor, depth: int, request: ProposeRequest) -> Draft:
+        """The tree of one step (no host sync; static shapes given batch, capacity and depth)."""
+        head = self.head
+        B = lengths.shape[0]
+        device = lengths.device
+        C, S0 = cache.capacity, self._scratch_start(cache)
+        committed = torch.arange(S0, device=device) < lengths[:, None]  # [B, S0]
 
-        size = head.config.feature_size
-        self.feedback = Feedback(zeros(B, W), zeros(B, W), zeros(B, W), zeros(B, W, dtype=torch.bool),
-                                 tuple(zeros(B, W, size, dtype=head.dtype) for _ in head.feature_layers),
-                                 zeros(B))
-        self.lengths = state.lengths.clone()
-        self.last_hidden = state.last_hidden.clone()
-        static = state._replace(lengths=self.lengths, last_hidden=self.last_hidden)
-        self.graph, self.out = _capture(lambda: drafter._absorb_tensors(static, self.feedback), device)
+        def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
+            F, S = tokens.shape[1], visible.shape[-1]
+            slots = (S0 + S - F + torch.arange(F, device=device))[None].expand(B, F)
+            mask = torch.cat([committed[:, None].expand(B, F, S0), visible,
+                              visible.new_zeros(B, F, C - S0 - S)], dim=-1)[:, None]
+            positions = (root_positions + (level - 1))[:, None].expand(B, F)
+            out = head(tokens, parent_hidden, positions, mask, cache, slots)
+            return head.logits(out), out
 
-    def replay(self, state: EagleState, feedback: Feedback) -> tuple[torch.Tensor, torch.Tensor]:
-        M = feedback.tokens.shape[1]
-        fb = self.feedback
-        fb.valid.zero_()
-        for buf, new in [(fb.tokens, feedback.tokens), (fb.next_tokens, feedback.next_tokens),
-                         (fb.positions, feedback.positions), (fb.valid, feedback.valid),
-                         *zip(fb.features, feedback.features)]:
-            buf[:, :M].copy_(new)
-        self.lengths.copy_(state.lengths)
-        self.last_hidden.copy_(state.last_hidden)
-        self.graph.replay()
-        lengths, last_hidden = self.out
-        return lengths.clone(), last_hidden.clone()
+        # sampling and source are read only by a sampled tree at T > 0, whose step is never captured
+        return self.policy.grow(head.logits(last_hidden), last_hidden, expand, depth=depth,
+                                draft_to_target=head.draft_to_target, sampling=request.sampling,
+                                source=request.source, vocab_size=head.config.vocab_size)

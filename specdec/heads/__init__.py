@@ -1,11 +1,14 @@
 """Draft heads: small networks that read the target's features and propose tokens.
 
 - EAGLE-1 / EAGLE-3 (:mod:`specdec.heads.eagle`): autoregressive feature-level heads, one forward per tree level.
+- :mod:`specdec.heads.common`: what every head reads from its target (:func:`target_dims`).
 
-Loading and saving the public checkpoint formats is in :mod:`specdec.formats`; training in
-:mod:`specdec.training`; the methods built from them in :mod:`specdec.recipes`.
+Heads are built from the shared layers of :mod:`specdec.nn`. Loading and saving the public checkpoint formats is
+in :mod:`specdec.formats`; training in :mod:`specdec.training`; the methods built from them in
+:mod:`specdec.recipes`.
 """
-from .eagle import Eagle1Head, Eagle3Head, EagleConfig, HeadCache, check_draft_vocab, default_feature_layers, target_dims
+from .common import target_dims, text_config
+from .eagle import Eagle1Head, Eagle3Head, EagleConfig, HeadCache, check_draft_vocab, default_feature_layers
 
 __all__ = ["Eagle1Head", "Eagle3Head", "EagleConfig", "HeadCache", "check_draft_vocab", "default_feature_layers",
-           "target_dims"]
+           "target_dims", "text_config"]

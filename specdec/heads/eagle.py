@@ -1,11 +1,14 @@
 """EAGLE draft heads: a feature-conditioned decoder layer that extrapolates the target's hidden states.
 
-Two heads share one skeleton (``fc`` -> Llama decoder layer(s) -> logits) and one calling convention:
+Two heads share one skeleton (``fc`` -> Llama decoder layer(s) of :mod:`specdec.nn` -> logits) and one calling
+convention; they differ in layer 0 and the output:
 
 - :class:`Eagle1Head` (EAGLE-1 / EAGLE-2). Input at position ``t`` is ``fc(cat(embed(x_{t+1}), f_t))`` with
   ``f_t`` the target's last hidden state *after* its final norm (the vector fed to ``lm_head``). Layer 0 has no
-  input norm, there is no final norm, and logits come from the target's own ``lm_head``.
-- :class:`Eagle3Head` (EAGLE-3). ``fc`` fuses three target layers (``3 H_t -> H``); layer 0 attends over
+  input norm (``DecoderLayer(input_norm=False)``), there is no final norm, and logits come from the target's own
+  ``lm_head``.
+- :class:`Eagle3Head` (EAGLE-3). ``fc`` fuses three target layers (``3 H_t -> H``); layer 0
+  (``FusedInputDecoderLayer``) attends over
   ``cat(input_layernorm(embed(x_{t+1})), hidden_norm(h_t))`` (q/k/v read ``2H``) with the residual taken from
   the un-normed ``h_t``; an own ``norm`` and ``lm_head`` over a reduced draft vocabulary mapped back with
   ``d2t`` (``target_id = i + d2t[i]``). Later draft steps feed the head's own pre-norm output back as ``h``.
@@ -34,13 +37,15 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from ..masks import to_aligned_additive_mask
+
+from ..nn import (AttendFn, DecoderConfig, DecoderLayer, FusedInputDecoderLayer, KVCache, RMSNorm, RotaryEmbedding,
+                  cached_attention, uncached_attention)
+from .common import target_dims, text_config
 
 __all__ = [
     "EagleConfig",
@@ -52,8 +57,8 @@ __all__ = [
     "check_draft_vocab",
 ]
 
-# attend(q, k, v) -> o with q [B, nh, T, hd], k/v [B, nkv, T, hd] (RoPE applied), o [B, nh, T, hd]
-AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# The KV cache of a head's decoder layers: keys/values [num_layers, B, num_kv_heads, C, head_dim], slot = position.
+HeadCache = KVCache
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -130,11 +135,13 @@ class EagleConfig:
         """Width of one target feature: ``target_hidden_size`` or ``hidden_size``."""
         return self.target_hidden_size or self.hidden_size
 
-
-def _text_config(target) -> object:
-    config = target.config
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else config
+    @property
+    def decoder(self) -> DecoderConfig:
+        """The sizes of each of the head's decoder layers."""
+        return DecoderConfig(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                             num_attention_heads=self.num_attention_heads,
+                             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+                             rms_norm_eps=self.rms_norm_eps, qkv_bias=self.qkv_bias)
 
 
 def _rope_theta(config) -> float:
@@ -143,24 +150,6 @@ def _rope_theta(config) -> float:
         return float(params["rope_theta"])
     theta = getattr(config, "rope_theta", None)
     return float(theta) if theta is not None else 10000.0
-
-
-def target_dims(target) -> tuple[int, int, int]:
-    """The sizes of an HF causal LM an EAGLE head must match.
-
-    Args:
-        target: an HF causal LM (``config.hidden_size``, ``config.num_hidden_layers``, input embeddings).
-
-    Returns:
-        ``(hidden_size, num_hidden_layers, vocab_size)``; the vocabulary is the number of rows of the input
-        embedding matrix.
-
-    References:
-        HF ``PreTrainedModel.get_input_embeddings``.
-    """
-    config = _text_config(target)
-    vocab = target.get_input_embeddings().weight.shape[0]
-    return int(config.hidden_size), int(config.num_hidden_layers), int(vocab)
 
 
 def default_feature_layers(num_target_layers: int, kind: str) -> tuple[int, ...]:
@@ -188,7 +177,7 @@ def default_feature_layers(num_target_layers: int, kind: str) -> tuple[int, ...]
 
 
 def _config_from_target(target, feature_layers, **overrides) -> EagleConfig:
-    config = _text_config(target)
+    config = text_config(target)
     hidden, _, vocab = target_dims(target)
     heads = int(config.num_attention_heads)
     kv = getattr(config, "num_key_value_heads", None) or heads
@@ -210,172 +199,29 @@ def _config_from_target(target, feature_layers, **overrides) -> EagleConfig:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Building blocks (RMSNorm, RoPE, attention, MLP, decoder layer)
-# --------------------------------------------------------------------------------------------------------
-
-
-class _RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 statistics, then back to the input dtype before the weight, as HF's LlamaRMSNorm
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-_INV_FREQ: dict = {}
-
-
-def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    # Non-interleaved (rotate-half) RoPE, as HF Llama: angle_j = pos * theta^(-2j / head_dim).
-    key = (head_dim, theta, factor, str(positions.device))
-    inv_freq = _INV_FREQ.get(key)
-    if inv_freq is None:
-        exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-        inv_freq = _INV_FREQ[key] = 1.0 / (theta ** exponents) / factor
-    angles = positions.float()[..., None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, hd]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class _Attention(nn.Module):
-    def __init__(self, config: EagleConfig, in_features: int):
-        super().__init__()
-        nh, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = nh, nkv, hd
-        self.q_proj = nn.Linear(in_features, nh * hd, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(in_features, nkv * hd, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(in_features, nkv * hd, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(nh * hd, config.hidden_size, bias=False)
-
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
-
-    def output(self, o: torch.Tensor) -> torch.Tensor:
-        B, _, T, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
-
-
-class _MLP(nn.Module):
-    def __init__(self, config: EagleConfig):
-        super().__init__()
-        H, I = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class _DecoderLayer(nn.Module):
-    """A Llama decoder layer in one of three input modes.
-
-    ``"plain"``: ``input_layernorm(h)`` -> attention (layers >= 1); ``"no_input_norm"``: ``h`` -> attention
-    (EAGLE-1 layer 0); ``"fused"``: ``cat(input_layernorm(e), hidden_norm(h))`` -> attention over ``2H``
-    (EAGLE-3 layer 0).
-    """
-
-    def __init__(self, config: EagleConfig, mode: str):
-        super().__init__()
-        H, eps = config.hidden_size, config.rms_norm_eps
-        self.mode = mode
-        self.norm_before_residual = config.norm_before_residual
-        if mode in ("plain", "fused"):
-            self.input_layernorm = _RMSNorm(H, eps)
-        if mode == "fused":
-            self.hidden_norm = _RMSNorm(H, eps)
-        self.self_attn = _Attention(config, 2 * H if mode == "fused" else H)
-        self.post_attention_layernorm = _RMSNorm(H, eps)
-        self.mlp = _MLP(config)
-
-    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                attend: AttendFn) -> torch.Tensor:
-        if self.mode == "fused":
-            normed = self.hidden_norm(hidden)
-            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-            residual = normed if self.norm_before_residual else hidden
-        elif self.mode == "plain":
-            x, residual = self.input_layernorm(hidden), hidden
-        else:
-            x, residual = hidden, hidden
-        q, k, v = self.self_attn.project(x, cos, sin)
-        hidden = residual + self.self_attn.output(attend(q, k, v))
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-
-# --------------------------------------------------------------------------------------------------------
-# KV cache of a head
-# --------------------------------------------------------------------------------------------------------
-
-
-class HeadCache(NamedTuple):
-    """Preallocated KV cache of a head's decoder layers (written in place).
-
-    Slot ``s`` of a row holds the entry at position ``s``; which slots are real is the caller's business
-    (a drafter keeps per-row lengths and builds the mask). Tree scratch slots live past the committed ones.
-
-    Attributes:
-        keys: Shape ``[num_layers, B, num_kv_heads, C, head_dim]`` (RoPE applied).
-        values: Shape ``[num_layers, B, num_kv_heads, C, head_dim]``.
-    """
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-    @property
-    def capacity(self) -> int:
-        """``C``: slots per row."""
-        return self.keys.shape[3]
-
-
-# cuDNN's SDPA builds an execution plan per new shape (measured: ~13 ms of CPU per call on an H200, torch 2.11),
-# and a drafting head's key length changes every step: keep to the backends that need no per-shape plan.
-_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    gqa = q.shape[1] != k.shape[1]
-    if mask is not None and mask.dtype == torch.bool and q.is_cuda:
-        mask = to_aligned_additive_mask(mask, q.dtype)  # else SDPA converts and pads it in every call
-    with sdpa_kernel(_BACKENDS):
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-
-
-# --------------------------------------------------------------------------------------------------------
 # Heads
 # --------------------------------------------------------------------------------------------------------
 
 
 class _EagleHead(nn.Module):
-    """Shared skeleton: frozen target embeddings, decoder layers, RoPE, cached / masked attention."""
+    """Shared skeleton: frozen target embeddings, a stack of :mod:`specdec.nn` decoder layers, RoPE.
+
+    ``first_layer`` is layer 0 (the variant that makes the head an EAGLE-1 or an EAGLE-3 head); the
+    ``num_layers - 1`` layers after it are plain Llama layers.
+    """
 
     kind = ""
 
-    def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, first_mode: str):
+    def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, first_layer: DecoderLayer):
         super().__init__()
         if embed_weight.dim() != 2 or embed_weight.shape[0] != config.vocab_size:
             raise ValueError(f"embed_weight must have shape [vocab_size={config.vocab_size}, H], got "
                              f"{tuple(embed_weight.shape)}")
         self.config = config
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
-        self.layers = nn.ModuleList(
-            [_DecoderLayer(config, first_mode if i == 0 else "plain") for i in range(config.num_layers)])
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling_factor)
+        rest = [DecoderLayer(config.decoder) for _ in range(config.num_layers - 1)]
+        self.layers = nn.ModuleList([first_layer, *rest])
 
     def _init_weights(self, seed: int = 0) -> None:
         std = self.config.initializer_range
@@ -426,11 +272,9 @@ class _EagleHead(nn.Module):
             A :class:`HeadCache`.
         """
         c = self.config
-        shape = (c.num_layers, batch_size, c.num_key_value_heads, capacity, c.head_dim)
-        device = self.device if device is None else device
-        dtype = self.dtype if dtype is None else dtype
-        return HeadCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device,
-                                                                                      dtype=dtype))
+        return HeadCache.zeros(c.num_layers, batch_size, c.num_key_value_heads, capacity, c.head_dim,
+                               device=self.device if device is None else device,
+                               dtype=self.dtype if dtype is None else dtype)
 
     def _inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor):
         raise NotImplementedError
@@ -449,10 +293,9 @@ class _EagleHead(nn.Module):
             Shape ``[B, T, H]``, the pre-norm output hidden states.
         """
         x, embeds = self._inputs(input_ids, hidden)
-        cos, sin = _rope_tables(positions, self.config.head_dim, self.config.rope_theta,
-                                self.config.rope_scaling_factor, x.dtype)
+        cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, embeds, cos, sin, attend_for_layer(i))
+            x = layer(x, cos, sin, attend_for_layer(i), embeds=embeds)
         return x
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -479,26 +322,12 @@ class _EagleHead(nn.Module):
             Shape ``[B, T, H]``: pre-norm output hidden states.
         """
         if cache is None:
-            return self.run_layers(input_ids, hidden, positions, lambda i: lambda q, k, v: _sdpa(q, k, v,
-                                                                                               attention_mask))
+            return self.run_layers(input_ids, hidden, positions, uncached_attention(attention_mask))
         if cache_slots is None or attention_mask is None:
             raise ValueError("with a cache, pass cache_slots [B, T] (where to write) and attention_mask "
                              "[B, 1, T, kv_length] (which slots each entry sees)")
-        kv_length = cache.capacity if kv_length is None else kv_length
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None]
-
-        def attend_for_layer(i: int) -> AttendFn:
-            keys, values = cache.keys[i], cache.values[i]
-
-            def attend(q, k, v):
-                keys[rows, :, cache_slots] = k.transpose(1, 2).to(keys.dtype)
-                values[rows, :, cache_slots] = v.transpose(1, 2).to(values.dtype)
-                return _sdpa(q, keys[:, :, :kv_length].to(q.dtype), values[:, :, :kv_length].to(q.dtype),
-                             attention_mask)
-
-            return attend
-
-        return self.run_layers(input_ids, hidden, positions, attend_for_layer)
+        return self.run_layers(input_ids, hidden, positions,
+                               cached_attention(cache, cache_slots, attention_mask, kv_length))
 
     def features_to_hidden(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
         """Turn the target's features at committed tokens into the head's conditioning ``hidden``.
@@ -573,7 +402,7 @@ class Eagle1Head(_EagleHead):
 
     def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
                  lm_head_bias: torch.Tensor | None = None):
-        super().__init__(config, embed_weight, "no_input_norm")
+        super().__init__(config, embed_weight, DecoderLayer(config.decoder, input_norm=False))
         if len(config.feature_layers) != 1:
             raise ValueError(f"an EAGLE-1 head reads one target layer, got feature_layers {config.feature_layers}")
         if config.feature_size != config.hidden_size:
@@ -675,10 +504,11 @@ class Eagle3Head(_EagleHead):
         if embed_weight.shape[-1] != config.hidden_size:
             raise ValueError(f"embed_weight has width {embed_weight.shape[-1]} but the head's hidden size is "
                              f"{config.hidden_size}")
-        super().__init__(config, embed_weight, "fused")
+        super().__init__(config, embed_weight,
+                         FusedInputDecoderLayer(config.decoder, norm_before_residual=config.norm_before_residual))
         H, Vd = config.hidden_size, config.draft_vocab
         self.fc = nn.Linear(len(config.feature_layers) * config.feature_size, H, bias=False)
-        self.norm = _RMSNorm(H, config.rms_norm_eps)
+        self.norm = RMSNorm(H, config.rms_norm_eps)
         self.lm_head = nn.Linear(H, Vd, bias=False)
         if d2t is None:
             d2t = torch.zeros(Vd, dtype=torch.long)

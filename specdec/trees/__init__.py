@@ -2,9 +2,9 @@
 
 - :mod:`specdec.trees.core`: :func:`compile_tree`, :func:`chain_tree`, :class:`Tree` (``cu_drafts_per_level``,
   parents, depths, retrieve paths), :func:`ancestor_matrix`, the public presets.
-- Tree policies (how a head's distributions become a tree each step): :class:`StaticTree`,
-  :class:`SampledTree` (:mod:`specdec.trees.static`), :class:`DynamicTree` (EAGLE-2,
-  :mod:`specdec.trees.dynamic`).
+- Tree policies (how a head's distributions become a tree each step; the :class:`TreePolicy` protocol and its
+  ``expand`` callback, usable by any autoregressive head drafter): :class:`StaticTree`, :class:`SampledTree`
+  (:mod:`specdec.trees.static`), :class:`DynamicTree` (EAGLE-2, :mod:`specdec.trees.dynamic`).
 """
 from .core import (
     EAGLE_MC_SIM_7B_63,
@@ -27,7 +27,7 @@ from .core import (
     retrieve_paths,
     validate_parents,
 )
-from .dynamic import DynamicTree, ExpandFn, grow_dynamic_tree, grow_dynamic_tree_ref
+from .dynamic import DynamicTree, ExpandFn, TreePolicy, grow_dynamic_tree, grow_dynamic_tree_ref
 from .static import SampledTree, StaticTree, as_policy
 
 __all__ = [
@@ -35,6 +35,6 @@ __all__ = [
     "validate_parents", "EAGLE_MC_SIM_7B_63", "MEDUSA_MC_SIM_7B_63", "MEDUSA_VICUNA_7B_STAGE2",
     "MEDUSA_VICUNA_7B_STAGE1", "MEDUSA_VICUNA_7B_STAGE1_ABLATION", "MEDUSA_VICUNA_13B_STAGE2",
     "MEDUSA_VICUNA_13B_STAGE1", "MEDUSA_VICUNA_33B_STAGE2", "MEDUSA_VICUNA_33B_STAGE1", "MEDUSA_ZEPHYR_STAGE2",
-    "TREE_PRESETS", "StaticTree", "SampledTree", "DynamicTree", "ExpandFn", "as_policy", "grow_dynamic_tree",
-    "grow_dynamic_tree_ref",
+    "TREE_PRESETS", "StaticTree", "SampledTree", "DynamicTree", "ExpandFn", "TreePolicy", "as_policy",
+    "grow_dynamic_tree", "grow_dynamic_tree_ref",
 ]

@@ -21,6 +21,11 @@ The head is abstracted as an ``expand`` callable, so the tree logic runs (and is
 ``visible[b, i, s]`` says whether frontier node ``i`` sees tree scratch slot ``s`` (its ancestors and itself);
 the frontier's own keys go to the last ``F`` of the ``S`` scratch slots. ``level`` is the frontier's depth.
 
+This callback is the whole interface between a tree policy and a drafter: any autoregressive head (EAGLE's, a
+draft model run as a head, ...) drafts any :class:`TreePolicy` (:class:`DynamicTree` here,
+:class:`~specdec.trees.StaticTree` and :class:`~specdec.trees.SampledTree` in :mod:`specdec.trees.static`) by
+supplying ``expand`` plus the root's logits and hidden state; the policy never sees the head.
+
 References:
     Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", EMNLP 2024,
     arXiv 2406.16858, https://arxiv.org/abs/2406.16858 (the authors' ``topK_genrate``); vLLM ``propose_tree``.
@@ -28,15 +33,43 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
+from ..sampling import RandomSource
 from ..types import Draft, DraftScheme, SamplingParams
 
-__all__ = ["DynamicTree", "ExpandFn", "grow_dynamic_tree", "grow_dynamic_tree_ref"]
+__all__ = ["DynamicTree", "ExpandFn", "TreePolicy", "grow_dynamic_tree", "grow_dynamic_tree_ref"]
 
 ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+@runtime_checkable
+class TreePolicy(Protocol):
+    """How a head's distributions become a tree each step; a drafter drives it through ``expand``.
+
+    Attributes:
+        scheme: the :class:`~specdec.types.DraftScheme` of its drafts at temperature > 0 (decides the verifier).
+    """
+
+    scheme: DraftScheme
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest level the policy drafts."""
+
+    def scratch_slots(self, depth: int) -> int:
+        """Head KV slots one step writes for a tree of ``depth`` levels (the ``S`` of ``expand``'s ``visible``)."""
+
+    def num_forwards(self, depth: int) -> int:
+        """``expand`` calls per step for a tree of ``depth`` levels."""
+
+    def grow(self, root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
+             draft_to_target: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             sampling: SamplingParams | None = None, source: RandomSource | None = None,
+             vocab_size: int | None = None) -> Draft:
+        """Draft one step's tree (root logits ``[B, V']``, root hidden ``[B, H]``) with ``depth`` levels."""
 
 
 def _identity(ids: torch.Tensor) -> torch.Tensor:

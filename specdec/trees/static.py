@@ -6,7 +6,7 @@
   distribution. ``WITHOUT_REPLACEMENT`` (with ``draft_probs``).
 
 A policy's ``grow`` drives a head through an ``expand`` callback (see :mod:`specdec.trees.dynamic`), so any
-autoregressive head can draft any policy.
+autoregressive head can draft any policy; nothing here knows which head it is.
 
 References:
     EAGLE arXiv 2401.15077; Jeon et al., "Recursive Speculative Decoding", arXiv 2402.14160.
@@ -20,7 +20,7 @@ import torch
 
 from ..sampling import RandomSource
 from ..types import Draft, DraftScheme, SamplingParams
-from .dynamic import DynamicTree, ExpandFn
+from .dynamic import DynamicTree, ExpandFn, TreePolicy
 
 __all__ = ["StaticTree", "SampledTree", "as_policy"]
 
@@ -85,7 +85,7 @@ def _build_plan(tree, device) -> _StaticPlan:
 
 
 class StaticTree:
-    """EAGLE-1's static tree policy: node ``i`` is its parent's ``rank(i)``-th most likely child.
+    """A static tree policy: node ``i`` is its parent's ``rank(i)``-th most likely child (EAGLE-1's policy).
 
     Args:
         tree: a compiled :class:`specdec.trees.Tree` or tree choices (e.g.
@@ -161,7 +161,7 @@ class StaticTree:
         Args:
             root_logits: the head's logits after the root. Shape: ``[B, V']``.
             root_hidden: the head's output at the root. Shape: ``[B, H]``.
-            expand: the head's frontier forward (see :mod:`specdec.eagle.dynamic_tree`).
+            expand: the head's frontier forward (see :mod:`specdec.trees.dynamic`).
             depth: levels to draft (``<= max_depth``).
             draft_to_target: draft-to-target id map (identity if ``None``).
             sampling, source, vocab_size: used by :class:`SampledTree` only (``source``: the run's randomness).
@@ -217,7 +217,7 @@ class StaticTree:
 
 
 class SampledTree(StaticTree):
-    """EAGLE-1's sampled static tree: each node's children are drawn without replacement from the head.
+    """A sampled static tree: each node's children are drawn without replacement from the head (EAGLE-1 v1).
 
     Child ``r`` of a node is sampled from the head's processed distribution (temperature / top-k / top-p, the
     run's :class:`~specdec.types.SamplingParams`) with its ``r`` earlier siblings removed and the rest
@@ -258,13 +258,21 @@ class SampledTree(StaticTree):
         return to_target(picks), (full[:, parent_pos], ok)
 
 
-def as_policy(tree):
-    """A tree policy from a policy, a compiled tree or tree choices (``None``: the default ``DynamicTree()``)."""
-    if isinstance(tree, (DynamicTree, StaticTree)):
+def as_policy(tree) -> TreePolicy:
+    """A tree policy from a policy, a compiled tree or tree choices (``None``: the default ``DynamicTree()``).
+
+    Args:
+        tree: a :class:`~specdec.trees.TreePolicy` (returned as is), a compiled :class:`~specdec.trees.Tree` or
+            tree choices (a :class:`StaticTree` of them), or ``None``.
+
+    Returns:
+        A tree policy.
+    """
+    if isinstance(tree, TreePolicy):
         return tree
     if tree is None:
         return DynamicTree()
     if hasattr(tree, "parents") or isinstance(tree, (Sequence, str)):
         return StaticTree(tree)
-    raise TypeError(f"tree must be a DynamicTree, StaticTree, SampledTree, a compiled Tree or tree choices, got "
-                    f"{type(tree).__name__}")
+    raise TypeError(f"tree must be a tree policy (DynamicTree, StaticTree, SampledTree, ...), a compiled Tree or "
+                    f"tree choices, got {type(tree).__name__}")

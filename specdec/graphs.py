@@ -1,0 +1,361 @@
+"""CUDA graphs as a wrapper the caller applies: capture a step once per shape, replay it after copying inputs in.
+
+A drafter's per-step work is ~100 small kernels per tree level; on an overhead-bound GPU their launches, not
+their arithmetic, cost the time. Capturing the work as a CUDA graph and replaying it removes that cost. Nothing in
+a drafter captures anything: the caller wraps it, as gpt-fast's caller applies ``torch.compile``::
+
+    drafter = graphs.cuda_graphed(EagleDrafter(head, DynamicTree()))   # what recipes.eagle2(head) returns
+    out = specdec.generate(target, ids, drafter=drafter)
+
+**The capture utility** is generic (a drafter's step, later the target's verify step): :func:`capture_graph`
+captures ``fn(*inputs)`` on static copies of ``inputs``; calling the result copies new inputs into those copies,
+replays, and returns clones of the outputs. :func:`capture_graph_ref` has the same signature and semantics but
+re-runs ``fn`` eagerly (any device): the reference the graph is tested against.
+
+**The protocol a drafter implements to be graphed** (:class:`GraphableDrafter`), on top of
+:class:`~specdec.drafters.Drafter`:
+
+- ``draft_step(state, request) -> Step`` and ``absorb_step(state, feedback) -> Step``: the tensor work of
+  ``propose`` / ``update`` as a :class:`Step`. Its ``fn(*inputs)`` must have no host sync and static shapes given
+  ``key`` and the shapes of ``inputs``; it may read and write, in place, only the tensors in ``buffers`` besides
+  its inputs (the drafter's cache), and running it twice on the same inputs must give the same result (capture
+  warms it up on the real inputs). ``finish(outputs)`` does the host bookkeeping and returns what the method
+  returns. ``key=None`` means "run eagerly" (e.g. a sampled tree at T > 0: its random draws are not captured).
+  Then ``propose(state, request)`` is exactly ``run_step(draft_step(state, request))``, ``update`` likewise.
+- ``start(feedback, *, static=False, buffers=None)``: with ``static=True`` the drafter allocates buffers meant to
+  stay put (with headroom), reusing ``buffers`` (the ``Step.buffers`` of an earlier run) when they fit, so
+  graphs captured in one ``generate()`` call replay in the next.
+
+:class:`GraphedDrafter` keeps one graph per (``key``, input shapes) while the buffers stay the same tensors;
+when a step brings new buffers (the cache grew, the batch size changed) it drops its graphs and captures again.
+Where a step cannot be captured (a CPU device, ``key=None``) it runs the drafter eagerly, so on CPU a graphed
+drafter *is* the eager drafter. A graphed drafter serves one ``generate()`` at a time (its states are consumed in
+order anyway). Graphs are for inference: the wrapper runs under ``torch.no_grad()``.
+
+References:
+    NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
+    applied by the caller).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Hashable, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them at run time
+    from .drafters.base import Feedback, ProposeRequest
+    from .types import Draft
+
+__all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedStep", "GraphableDrafter",
+           "GraphedDrafter", "cuda_graphed"]
+
+
+class Step(NamedTuple):
+    """A unit of tensor work split the way a graph wrapper needs it.
+
+    Attributes:
+        fn: ``fn(*inputs) -> outputs`` (tensors, or tuples / NamedTuples of them): no host sync, static shapes
+            given ``key`` and the input shapes.
+        inputs: what varies from call to call (tensors or nested tuples of tensors); copied in before a replay.
+        finish: ``finish(outputs)``: host-side bookkeeping; returns what the calling method returns.
+        key: what, beyond the input shapes, fixes ``fn``'s work (e.g. ``("propose", depth)``); ``None``: never
+            capture this step.
+        buffers: the tensors ``fn`` reads or writes in place besides its inputs (nested tuples of tensors).
+    """
+
+    fn: Callable[..., Any]
+    inputs: tuple
+    finish: Callable[[Any], Any]
+    key: Hashable | None = None
+    buffers: Any = ()
+
+
+def run_step(step: Step) -> Any:
+    """Run a step eagerly: ``step.finish(step.fn(*step.inputs))``.
+
+    Args:
+        step: a :class:`Step`.
+
+    Returns:
+        What ``step.finish`` returns.
+    """
+    return step.finish(step.fn(*step.inputs))
+
+
+def _leaves(tree) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    return []
+
+
+def _map(fn: Callable[[torch.Tensor], torch.Tensor], tree):
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple: rebuild by field
+        return type(tree)(*(_map(fn, item) for item in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_map(fn, item) for item in tree)
+    return tree
+
+
+def _spec(tree) -> tuple:
+    """Shapes, dtypes and devices of a tree's tensors (and where the tree holds ``None``)."""
+    if isinstance(tree, torch.Tensor):
+        return (tuple(tree.shape), tree.dtype, tree.device)
+    if isinstance(tree, (tuple, list)):
+        return tuple(_spec(item) for item in tree)
+    return (type(tree).__name__,)
+
+
+class CapturedStep:
+    """A function bound to static copies of its inputs; calling it copies new inputs in and returns fresh outputs.
+
+    Built by :func:`capture_graph` (replays a CUDA graph) or :func:`capture_graph_ref` (re-runs the function).
+
+    Attributes:
+        inputs: the static input buffers (the same structure as the inputs given at capture).
+    """
+
+    def __init__(self, inputs: tuple, run: Callable[[], Any]):
+        self.inputs = inputs
+        self._run = run
+        self._spec = _spec(inputs)
+
+    def __call__(self, *inputs) -> Any:
+        """Copy ``inputs`` into the static buffers, run, and return clones of the outputs.
+
+        Args:
+            *inputs: the same structure, shapes and dtypes as at capture.
+
+        Returns:
+            The outputs (tensors cloned: the next call overwrites the captured ones).
+        """
+        if _spec(inputs) != self._spec:
+            raise ValueError(f"inputs {_spec(inputs)} differ from the captured {self._spec}: capture another "
+                             f"step for these shapes")
+        for static, new in zip(_leaves(self.inputs), _leaves(inputs)):
+            static.copy_(new)
+        return _map(torch.Tensor.clone, self._run())
+
+
+def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> CapturedStep:
+    """Capture ``fn(*inputs)`` as a CUDA graph on static copies of ``inputs``.
+
+    ``fn`` runs ``warmup`` times on a side stream first (lazy tables, kernels' first-call work, allocator),
+    then once under capture; every call of the result replays the graph.
+
+    Args:
+        fn: a function of tensors (see :class:`Step`); it runs ``warmup`` times for real.
+        inputs: example inputs on one CUDA device (tensors, nested tuples of tensors).
+        warmup: eager runs before the capture.
+
+    Returns:
+        A :class:`CapturedStep`.
+
+    Raises:
+        ValueError: no input tensor is on a CUDA device.
+
+    References:
+        PyTorch ``torch.cuda.graph`` (warm-up on a side stream before capture).
+    """
+    device = next((t.device for t in _leaves(inputs) if t.is_cuda), None)
+    if device is None:
+        raise ValueError("capture_graph needs inputs on a CUDA device; run the step eagerly (or use "
+                         "capture_graph_ref) elsewhere")
+    static = _map(torch.Tensor.clone, inputs)
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn(*static)
+
+    def replay():
+        graph.replay()
+        return outputs
+
+    return CapturedStep(static, replay)
+
+
+def capture_graph_ref(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> CapturedStep:
+    """Reference for :func:`capture_graph` (same signature and call semantics), on any device, without a graph.
+
+    Each call copies the inputs into the static copies and runs ``fn`` on them eagerly.
+
+    Args:
+        fn: a function of tensors.
+        inputs: example inputs (tensors, nested tuples of tensors).
+        warmup: eager runs at "capture", as :func:`capture_graph` does.
+
+    Returns:
+        A :class:`CapturedStep`.
+    """
+    static = _map(torch.Tensor.clone, inputs)
+    for _ in range(warmup):
+        fn(*static)
+    return CapturedStep(static, lambda: fn(*static))
+
+
+@runtime_checkable
+class GraphableDrafter(Protocol):
+    """A :class:`~specdec.drafters.Drafter` whose steps a :class:`GraphedDrafter` can capture (module docstring).
+
+    Attributes:
+        max_num_drafts, feature_layers: as :class:`~specdec.drafters.Drafter`.
+    """
+
+    max_num_drafts: int
+    feature_layers: tuple[int, ...]
+
+    def propose(self, state: Any, request: ProposeRequest) -> tuple[Draft, Any]:
+        """``run_step(self.draft_step(state, request))``."""
+
+    def update(self, state: Any, feedback: Feedback) -> Any:
+        """``run_step(self.absorb_step(state, feedback))``."""
+
+    def start(self, feedback: Feedback, *, static: bool = False, buffers: Any = None) -> Any:
+        """Build the state; ``static=True``: on buffers that stay put, reusing ``buffers`` when they fit."""
+
+    def draft_step(self, state: Any, request: ProposeRequest) -> Step:
+        """``propose``'s work as a :class:`Step` whose ``finish`` returns ``(draft, state)``."""
+
+    def absorb_step(self, state: Any, feedback: Feedback) -> Step:
+        """``update``'s work as a :class:`Step` whose ``finish`` returns the new state."""
+
+
+class GraphedDrafter:
+    """A drafter whose steps run as CUDA graphs, captured once per shape and replayed (see the module docstring).
+
+    Args:
+        drafter: a :class:`GraphableDrafter`.
+        capture: how to capture a step (:func:`capture_graph`; :func:`capture_graph_ref` for tests).
+        device_types: device types to capture on; elsewhere the wrapped drafter runs eagerly.
+
+    Attributes:
+        drafter: the wrapped drafter.
+        max_num_drafts, feature_layers, vocab_size: the wrapped drafter's.
+    """
+
+    def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
+                 device_types: tuple[str, ...] = ("cuda",)):
+        if not isinstance(drafter, GraphableDrafter):
+            raise TypeError(f"{type(drafter).__name__} cannot be graphed: it needs draft_step(), absorb_step() and "
+                            f"start(..., static=, buffers=) (see specdec.graphs); use it unwrapped")
+        self.drafter = drafter
+        self.capture = capture
+        self.device_types = tuple(device_types)
+        self._graphs: dict = {}
+        self._buffers: Any = None
+        self._buffer_ids: tuple = ()
+
+    def __repr__(self) -> str:
+        return f"cuda_graphed({self.drafter!r})"
+
+    @property
+    def max_num_drafts(self) -> int:
+        """The wrapped drafter's largest ``K``."""
+        return self.drafter.max_num_drafts
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers the wrapped drafter reads."""
+        return self.drafter.feature_layers
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The wrapped drafter's vocabulary, if it states one."""
+        return getattr(self.drafter, "vocab_size", None)
+
+    @property
+    def graph_keys(self) -> list:
+        """The ``Step.key`` of every graph held now (one per key and input shapes)."""
+        return [key for key, _ in self._graphs]
+
+    @property
+    def buffers(self) -> Any:
+        """The buffers the held graphs read and write (``Step.buffers`` of the last step run), or ``None``."""
+        return self._buffers
+
+    def _captures_on(self, device: torch.device) -> bool:
+        return device.type in self.device_types
+
+    def _track(self, buffers: Any) -> None:
+        ids = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in _leaves(buffers))
+        if ids != self._buffer_ids:  # new buffers: graphs captured on the old ones are stale
+            self._graphs, self._buffers, self._buffer_ids = {}, buffers, ids
+
+    def _run(self, step: Step) -> Any:
+        self._track(step.buffers)
+        if step.key is None:
+            return run_step(step)
+        key = (step.key, _spec(step.inputs))
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._graphs[key] = self.capture(step.fn, step.inputs)
+        return step.finish(captured(*step.inputs))
+
+    @torch.no_grad()
+    def start(self, feedback: Feedback) -> Any:
+        """Start the wrapped drafter, on its buffers of the previous run where they fit.
+
+        Args:
+            feedback: the prompt's :class:`~specdec.drafters.Feedback`.
+
+        Returns:
+            The wrapped drafter's state.
+        """
+        if not self._captures_on(feedback.tokens.device):
+            return self.drafter.start(feedback)
+        return self.drafter.start(feedback, static=True, buffers=self._buffers)
+
+    @torch.no_grad()
+    def propose(self, state: Any, request: ProposeRequest) -> tuple[Draft, Any]:
+        """The wrapped drafter's ``propose``, its tensor work replayed from a graph.
+
+        Args:
+            state: the wrapped drafter's state.
+            request: the step's :class:`~specdec.drafters.ProposeRequest`.
+
+        Returns:
+            ``(draft, state)``.
+        """
+        if not self._captures_on(request.roots.device):
+            return self.drafter.propose(state, request)
+        return self._run(self.drafter.draft_step(state, request))
+
+    @torch.no_grad()
+    def update(self, state: Any, feedback: Feedback) -> Any:
+        """The wrapped drafter's ``update``, its tensor work replayed from a graph.
+
+        Args:
+            state: the wrapped drafter's state.
+            feedback: the step's :class:`~specdec.drafters.Feedback`.
+
+        Returns:
+            The new state.
+        """
+        if not self._captures_on(feedback.tokens.device):
+            return self.drafter.update(state, feedback)
+        return self._run(self.drafter.absorb_step(state, feedback))
+
+
+def cuda_graphed(drafter: GraphableDrafter) -> GraphedDrafter:
+    """Wrap a drafter so that its steps run as CUDA graphs on CUDA (eagerly elsewhere).
+
+    Args:
+        drafter: a :class:`GraphableDrafter` (e.g. :class:`~specdec.drafters.EagleDrafter`).
+
+    Returns:
+        A :class:`GraphedDrafter`; it implements the :class:`~specdec.drafters.Drafter` protocol.
+
+    Example:
+        >>> drafter = cuda_graphed(EagleDrafter(head, DynamicTree()))      # doctest: +SKIP
+        >>> out = specdec.generate(target, ids, drafter=drafter)           # doctest: +SKIP
+    """
+    return GraphedDrafter(drafter)

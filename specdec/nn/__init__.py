@@ -1,0 +1,27 @@
+"""Neural-network blocks shared by every head: decoder layers, attention, RoPE.
+
+- :mod:`specdec.nn.layers`: :class:`RMSNorm`, :class:`SwiGLU`, :class:`DecoderLayer` (with or without input
+  norm), :class:`FusedInputDecoderLayer` (EAGLE-3's ``[norm(emb), norm(hidden)]`` input), :class:`DecoderConfig`.
+- :mod:`specdec.nn.attention`: :class:`Attention` (GQA projections + RoPE), :func:`masked_attention`,
+  :class:`KVCache` with :func:`cached_attention`, and the one statement of which SDPA backends masked attention
+  may use (:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`).
+- :mod:`specdec.nn.rope`: :class:`RotaryEmbedding` (owns its ``inv_freq`` buffer), :func:`apply_rotary`.
+"""
+from .attention import (
+    AttendFn,
+    Attention,
+    KVCache,
+    cached_attention,
+    masked_attention,
+    masked_sdpa_backends,
+    masked_sdpa_kernel,
+    uncached_attention,
+)
+from .layers import DecoderConfig, DecoderLayer, FusedInputDecoderLayer, RMSNorm, SwiGLU
+from .rope import RotaryEmbedding, apply_rotary
+
+__all__ = [
+    "AttendFn", "Attention", "KVCache", "cached_attention", "uncached_attention", "masked_attention",
+    "masked_sdpa_backends", "masked_sdpa_kernel", "DecoderConfig", "DecoderLayer", "FusedInputDecoderLayer",
+    "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary",
+]

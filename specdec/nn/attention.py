@@ -1,0 +1,251 @@
+"""Attention: grouped-query projections with RoPE, masked SDPA, and attention over a preallocated KV cache.
+
+The attention *computation* is a callable ``attend(q, k, v) -> o`` chosen per layer by the caller, so the same
+layer runs causally, under a custom mask, over a KV cache, or inside a training-time unroll::
+
+    attend_for_layer = cached_attention(cache, slots, mask)   # or uncached_attention(mask), or your own
+    o = attend_for_layer(i)(q, k, v)                          # q [B, h, T, d], k/v [B, h_kv, T, d] -> [B, h, T, d]
+
+This module is also the one place that says which SDPA backends masked attention may use
+(:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`); the heads and :mod:`specdec.adapter` both use it.
+
+References:
+    Vaswani et al., "Attention Is All You Need", arXiv 1706.03762; Ainslie et al., "GQA", arXiv 2305.13245.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..masks import to_aligned_additive_mask
+from .rope import apply_rotary
+
+__all__ = [
+    "AttendFn",
+    "Attention",
+    "KVCache",
+    "cached_attention",
+    "masked_attention",
+    "uncached_attention",
+    "masked_sdpa_backends",
+    "masked_sdpa_kernel",
+]
+
+# attend(q, k, v) -> o with q [B, h, T, d], k/v [B, h_kv, T, d] (RoPE applied), o [B, h, T, d]
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def masked_sdpa_backends() -> list[SDPBackend]:
+    """The SDPA backends attention under a custom mask may use: flash, memory-efficient, math; never cuDNN.
+
+    With a custom mask PyTorch may pick its cuDNN backend, which builds a new execution plan for every new
+    shape: about 13 ms of CPU per attention call, measured on an H200 with torch 2.11. Speculative decoding
+    changes the key length (and the tree width) every step, so every call would pay it. The memory-efficient
+    kernel takes arbitrary masks without a per-shape plan.
+
+    Returns:
+        The allowed backends, in order of preference.
+    """
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def masked_sdpa_kernel():
+    """A context manager that restricts SDPA to :func:`masked_sdpa_backends` (for HF models too).
+
+    Returns:
+        ``torch.nn.attention.sdpa_kernel(masked_sdpa_backends())``.
+
+    Example:
+        >>> with masked_sdpa_kernel():                                   # doctest: +SKIP
+        ...     out = model(input_ids=ids, attention_mask=mask4d)
+    """
+    return sdpa_kernel(masked_sdpa_backends())
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention under a boolean mask (``None``: causal), on :func:`masked_sdpa_backends`.
+
+    .. math::
+        o = \\mathrm{softmax}(q k^\\top / \\sqrt{d} + M) v, \\qquad
+        M_{ts} = 0 \\text{ if mask}_{ts} \\text{ else } -\\infty
+
+    Args:
+        q: Shape ``[B, h, T, d]``.
+        k: Shape ``[B, h_kv, S, d]`` (``h`` a multiple of ``h_kv``: grouped-query attention).
+        v: Shape ``[B, h_kv, S, d]``.
+        mask: Shape ``[B, 1, T, S]`` bool, True = may attend; ``None`` = causal (``S = T``). Every row must see
+            at least one key.
+
+    Returns:
+        Shape ``[B, h, T, d]``.
+
+    References:
+        arXiv 1706.03762; GQA arXiv 2305.13245.
+    """
+    gqa = q.shape[1] != k.shape[1]
+    if mask is not None and mask.dtype == torch.bool and q.is_cuda:
+        mask = to_aligned_additive_mask(mask, q.dtype)  # else SDPA converts and pads it in every call
+    with masked_sdpa_kernel():
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def uncached_attention(mask: torch.Tensor | None = None) -> Callable[[int], AttendFn]:
+    """Per-layer attention without a cache: every layer runs :func:`masked_attention` under ``mask``.
+
+    Args:
+        mask: Shape ``[B, 1, T, T]`` bool, True = may attend; ``None`` = causal.
+
+    Returns:
+        ``layer -> attend(q, k, v)``.
+    """
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return masked_attention(q, k, v, mask)
+
+    return lambda layer: attend
+
+
+class KVCache(NamedTuple):
+    """Preallocated keys and values of a stack of attention layers (written in place, slot by slot).
+
+    Slot ``s`` of a row holds whatever entry the caller wrote there; which slots are real is the caller's
+    business (it passes the mask).
+
+    Attributes:
+        keys: Shape ``[L, B, h_kv, C, d]`` (RoPE applied).
+        values: Shape ``[L, B, h_kv, C, d]``.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @classmethod
+    def zeros(cls, num_layers: int, batch_size: int, num_kv_heads: int, capacity: int, head_dim: int,
+              device=None, dtype=None) -> "KVCache":
+        """A zeroed cache.
+
+        Args:
+            num_layers, batch_size, num_kv_heads, capacity, head_dim: ``L, B, h_kv, C, d``.
+            device, dtype: where and how to allocate.
+
+        Returns:
+            A :class:`KVCache` with ``capacity`` slots per row.
+        """
+        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def capacity(self) -> int:
+        """``C``: slots per row."""
+        return self.keys.shape[3]
+
+
+def cached_attention(cache: KVCache, slots: torch.Tensor, mask: torch.Tensor,
+                     kv_length: int | None = None) -> Callable[[int], AttendFn]:
+    """Per-layer attention over a KV cache: write this call's keys/values at ``slots``, then attend under ``mask``.
+
+    Args:
+        cache: the :class:`KVCache` (written in place).
+        slots: Shape ``[B, T]`` int64, the slot each entry's key and value go to.
+        mask: Shape ``[B, 1, T, kv_length]`` bool, True = may attend, over slots ``0..kv_length-1`` *after*
+            this call's writes (an entry usually sees itself).
+        kv_length: attend over slots ``[0, kv_length)`` (default: the whole cache).
+
+    Returns:
+        ``layer -> attend(q, k, v)``.
+    """
+    kv_length = cache.capacity if kv_length is None else kv_length
+    rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+
+    def for_layer(layer: int) -> AttendFn:
+        keys, values = cache.keys[layer], cache.values[layer]
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # keys[rows, :, slots] is [B, T, h_kv, d]: the advanced indices come first
+            keys[rows, :, slots] = rearrange(k, "b h t d -> b t h d").to(keys.dtype)
+            values[rows, :, slots] = rearrange(v, "b h t d -> b t h d").to(values.dtype)
+            return masked_attention(q, keys[:, :, :kv_length].to(q.dtype), values[:, :, :kv_length].to(q.dtype),
+                                    mask)
+
+        return attend
+
+    return for_layer
+
+
+class Attention(nn.Module):
+    """Grouped-query attention projections with RoPE; the attention itself is the caller's ``attend``.
+
+    .. math::
+        o = W_o \\,\\mathrm{attend}(\\mathrm{RoPE}(W_q x), \\mathrm{RoPE}(W_k x), W_v x)
+
+    Args:
+        in_features: width the projections read (``H``, or ``2H`` for EAGLE-3's fused input).
+        hidden_size: output width ``H``.
+        num_heads: query heads ``h``.
+        num_kv_heads: key/value heads ``h_kv`` (``h`` a multiple of it).
+        head_dim: ``d``.
+        bias: q/k/v projections have biases (Qwen2-style); ``o_proj`` never does.
+
+    References:
+        arXiv 1706.03762; GQA arXiv 2305.13245; HF ``LlamaAttention`` (parameter names).
+    """
+
+    def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 *, bias: bool = False):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(in_features, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Queries, keys and values, split into heads, RoPE applied to queries and keys.
+
+        Args:
+            x: Shape ``[B, T, in_features]``.
+            cos: Shape ``[B, 1, T, d]``.
+            sin: Shape ``[B, 1, T, d]``.
+
+        Returns:
+            ``(q [B, h, T, d], k [B, h_kv, T, d], v [B, h_kv, T, d])``.
+        """
+        d = self.head_dim
+        q = rearrange(self.q_proj(x), "b t (h d) -> b h t d", d=d)
+        k = rearrange(self.k_proj(x), "b t (h d) -> b h t d", d=d)
+        v = rearrange(self.v_proj(x), "b t (h d) -> b h t d", d=d)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """Merge the heads and project back.
+
+        Args:
+            o: Shape ``[B, h, T, d]``.
+
+        Returns:
+            Shape ``[B, T, H]``.
+        """
+        return self.o_proj(rearrange(o, "b h t d -> b t (h d)"))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """``output(attend(*project(x, cos, sin)))``.
+
+        Args:
+            x: Shape ``[B, T, in_features]``.
+            cos: Shape ``[B, 1, T, d]``.
+            sin: Shape ``[B, 1, T, d]``.
+            attend: the attention computation (see the module docstring).
+
+        Returns:
+            Shape ``[B, T, H]``.
+        """
+        return self.output(attend(*self.project(x, cos, sin)))

@@ -1,0 +1,222 @@
+"""CUDA graphs as a wrapper (specdec/graphs.py), on CPU: the eager fallback, and the wrapper's bookkeeping (one
+capture per key and shape, copy-in, recapture on new buffers, buffer reuse across runs) through the reference
+capture ``capture_graph_ref``, which runs each step eagerly on static input copies exactly as a replay would."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_model
+
+import specdec as sd
+from specdec.drafters import Drafter, EagleDrafter, Feedback, PromptLookupDrafter, ProposeRequest
+from specdec.graphs import (
+    GraphedDrafter,
+    Step,
+    capture_graph,
+    capture_graph_ref,
+    cuda_graphed,
+    run_step,
+)
+from specdec.heads import Eagle1Head
+from specdec.trees import DynamicTree, SampledTree, StaticTree
+from specdec.types import Draft, DraftScheme, SamplingParams
+
+torch.set_num_threads(1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The capture utility
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_captured_step_copies_inputs_in_and_returns_fresh_outputs():
+    calls = []
+
+    def fn(x, pair):
+        calls.append(1)
+        return x * 2, (pair[0] + pair[1],)
+
+    x, pair = torch.arange(3.0), (torch.ones(2), torch.full((2,), 5.0))
+    step = capture_graph_ref(fn, (x, pair), warmup=2)
+    assert len(calls) == 2  # the warm-up runs
+    a = step(torch.tensor([1.0, 2.0, 3.0]), (torch.zeros(2), torch.ones(2)))
+    b = step(torch.tensor([4.0, 5.0, 6.0]), (torch.ones(2), torch.ones(2)))
+    assert a[0].tolist() == [2.0, 4.0, 6.0] and a[1][0].tolist() == [1.0, 1.0]  # not overwritten by the next call
+    assert b[0].tolist() == [8.0, 10.0, 12.0] and b[1][0].tolist() == [2.0, 2.0]
+    assert x.tolist() == [0.0, 1.0, 2.0]  # the caller's tensors are not the static buffers
+    with pytest.raises(ValueError, match="capture another step"):
+        step(torch.zeros(4), pair)
+
+
+def test_capture_graph_refuses_cpu_inputs():
+    with pytest.raises(ValueError, match="CUDA device"):
+        capture_graph(lambda x: x + 1, (torch.zeros(2),))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The wrapper's bookkeeping, on a toy drafter whose buffer stands in for a KV cache
+# --------------------------------------------------------------------------------------------------------
+
+
+class ToyState(NamedTuple):
+    offsets: torch.Tensor  # the "cache": read in place by every step
+    seen: int
+
+
+class ToyDrafter:
+    """Drafts the chain ``root + offsets[1..K]``; an update longer than the buffer reallocates it (times 10)."""
+
+    max_num_drafts = 3
+    feature_layers = ()
+
+    def start(self, feedback, *, static=False, buffers=None):
+        width = feedback.tokens.shape[1] + 4
+        if static and buffers is not None and buffers[0].shape[0] >= width:
+            return ToyState(buffers[0], 0)
+        return ToyState(torch.arange(width), 0)
+
+    def draft_step(self, state, request):
+        K = min(request.num_drafts, self.max_num_drafts)
+        offsets = state.offsets
+
+        def fn(roots):
+            B = roots.shape[0]
+            parents = torch.arange(-1, K)[None].expand(B, K + 1).clone()
+            return Draft(roots[:, None] + offsets[1:K + 1], parents, torch.arange(K + 1)[None].expand(B, K + 1).clone(),
+                         None, DraftScheme.DETERMINISTIC)
+
+        return Step(fn=fn, inputs=(request.roots,), finish=lambda draft: (draft, state), key=("propose", K),
+                    buffers=(offsets,))
+
+    def absorb_step(self, state, feedback):
+        seen = state.seen + feedback.tokens.shape[1]
+        offsets = state.offsets if seen < state.offsets.shape[0] else torch.arange(2 * seen) * 10
+        return Step(fn=lambda tokens: tokens.sum(), inputs=(feedback.tokens,),
+                    finish=lambda total: ToyState(offsets, seen), key=("update",), buffers=(offsets,))
+
+    def propose(self, state, request):
+        return run_step(self.draft_step(state, request))
+
+    def update(self, state, feedback):
+        return run_step(self.absorb_step(state, feedback))
+
+
+def _feedback(B, M):
+    ids = torch.zeros(B, M, dtype=torch.long)
+    return Feedback(ids, ids, ids, torch.ones(B, M, dtype=torch.bool), (), torch.zeros(B, dtype=torch.long))
+
+
+def _request(roots, k):
+    roots = torch.tensor(roots)
+    return ProposeRequest(roots=roots, root_positions=roots, num_drafts=k, sampling=SamplingParams(), source=None,
+                          active=torch.ones(len(roots), dtype=torch.bool))
+
+
+def _on_cpu(drafter):
+    return GraphedDrafter(drafter, capture=capture_graph_ref, device_types=("cpu",))
+
+
+def test_wrapper_captures_once_per_key_and_shape_and_copies_inputs_in():
+    graphed = _on_cpu(ToyDrafter())
+    assert isinstance(graphed, Drafter) and graphed.max_num_drafts == 3 and graphed.feature_layers == ()
+    state = graphed.start(_feedback(2, 5))
+    draft, state = graphed.propose(state, _request([10, 20], 2))
+    assert draft.tokens.tolist() == [[11, 12], [21, 22]]
+    draft, state = graphed.propose(state, _request([30, 40], 2))  # replayed with the new roots
+    assert draft.tokens.tolist() == [[31, 32], [41, 42]]
+    assert graphed.graph_keys == [("propose", 2)]
+    graphed.propose(state, _request([1, 2], 3))
+    graphed.propose(state, _request([1, 2, 3], 3))  # another batch size: another graph
+    assert graphed.graph_keys == [("propose", 2), ("propose", 3), ("propose", 3)]
+
+
+def test_wrapper_recaptures_on_new_buffers_and_reuses_buffers_across_runs():
+    toy = ToyDrafter()
+    graphed = _on_cpu(toy)
+    state = graphed.start(_feedback(1, 5))  # offsets: 9 slots
+    _, state = graphed.propose(state, _request([100], 2))
+    state = graphed.update(state, _feedback(1, 3))
+    old = graphed.buffers[0]
+    assert set(graphed.graph_keys) == {("propose", 2), ("update",)}
+    state = graphed.update(state, _feedback(1, 6))  # 14 seen > 9 slots: the buffer is reallocated
+    assert graphed.buffers[0] is state.offsets and state.offsets is not old
+    assert graphed.graph_keys == [("update",)]  # the graphs on the old buffer are gone
+    draft, state = graphed.propose(state, _request([100], 2))
+    assert draft.tokens.tolist() == [[110, 120]]  # read from the new buffer, not a stale capture
+    # a new run starts on the same buffer, so the graphs survive
+    state = graphed.start(_feedback(1, 5))
+    assert state.offsets is graphed.buffers[0]
+    assert set(graphed.graph_keys) == {("propose", 2), ("update",)}
+    eager = toy.start(_feedback(1, 5))
+    assert eager.offsets is not graphed.buffers[0]  # unwrapped, the drafter allocates afresh
+
+
+def test_cuda_graphed_on_cpu_is_the_eager_drafter_and_refuses_drafters_without_steps():
+    graphed = cuda_graphed(ToyDrafter())
+    state = graphed.start(_feedback(2, 5))
+    draft, state = graphed.propose(state, _request([10, 20], 2))
+    graphed.update(state, _feedback(2, 3))
+    assert draft.tokens.tolist() == [[11, 12], [21, 22]]
+    assert graphed.graph_keys == [] and graphed.buffers is None
+    with pytest.raises(TypeError, match="draft_step"):
+        cuda_graphed(PromptLookupDrafter(num_drafts=3))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The EAGLE drafter through the wrapper
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", layers=4, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    return Eagle1Head.from_target(target).float()
+
+
+def _prompts(batch, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (batch, 8), generator=g)
+    mask = torch.ones_like(ids)
+    mask[-1, :3] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "static"])
+def test_eagle_steps_replayed_from_captures_equal_the_eager_drafter(target, head, policy):
+    def make():
+        return EagleDrafter(head, DynamicTree(12, 3, 3) if policy == "dynamic" else StaticTree([(0,), (1,), (0, 0)]))
+
+    graphed, eager = _on_cpu(make()), make()
+    for seed in range(2):  # the second run reuses the first run's cache and captures
+        ids, mask = _prompts(2, seed)
+        a = sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=12)
+        b = sd.generate(target, ids, attention_mask=mask, drafter=eager, max_new_tokens=12)
+        assert torch.equal(a.sequences, b.sequences)
+        assert a.stats.num_accepted_per_step == b.stats.num_accepted_per_step
+        assert a.stats.num_draft_forwards == b.stats.num_draft_forwards
+        assert ("update",) in graphed.graph_keys and any(k[0] == "propose" for k in graphed.graph_keys)
+        if seed == 0:
+            cache = graphed.buffers
+    assert graphed.buffers is cache
+
+
+def test_sampled_tree_at_temperature_drafts_eagerly(target, head):
+    graphed = _on_cpu(EagleDrafter(head, SampledTree([(0,), (1,), (0, 0)])))
+    ids, mask = _prompts(2)
+    out = sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=8, temperature=1.0,
+                      generator=torch.Generator().manual_seed(0))
+    assert out.sequences.shape[1] == ids.shape[1] + 8
+    assert not [key for key in graphed.graph_keys if key[0] == "propose"]  # its draws are never captured
+    assert ("update",) in graphed.graph_keys
+
+
+def test_recipes_wrap_on_request(head):
+    assert isinstance(sd.recipes.eagle2(head), GraphedDrafter)
+    plain = sd.recipes.eagle2(head, cuda_graphs=False)
+    assert isinstance(plain, EagleDrafter) and isinstance(sd.recipes.eagle1(head).drafter, EagleDrafter)
