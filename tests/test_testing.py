@@ -202,7 +202,7 @@ def test_target_law_is_the_product_of_conditionals():
 def test_speculative_law_exposes_a_wrong_verifier():
     target, drafter = ToyLM(3, 11), ToyLM(3, 12)
 
-    def accept_everything(target_probs, draft, source):  # never rejects: the draft's law leaks out
+    def accept_everything(target_probs, draft, source, *, max_depth=None):  # never rejects: the draft's law leaks
         nodes = torch.tensor([[0, 1]])
         return VerifyResult(nodes, torch.tensor([1]), source.categorical(target_probs[:, 1]))
 
