@@ -32,6 +32,7 @@ from specdec.testing import (
 )
 from specdec.types import Draft, DraftScheme, SamplingParams, VerifyResult
 from specdec.verify import (
+    Verifier,
     check_draft,
     emitted_tokens,
     select_verifier,
@@ -41,6 +42,7 @@ from specdec.verify import (
     verify_tree_iid,
     verify_tree_without_replacement,
     verify_typical,
+    verifier_input,
 )
 
 DET, IID, WOR = DraftScheme.DETERMINISTIC, DraftScheme.IID, DraftScheme.WITHOUT_REPLACEMENT
@@ -687,6 +689,53 @@ def test_empty_drafts_sample_from_the_root_distribution():
         result = verifier(target_probs, draft, torch.Generator().manual_seed(0))
         assert result.next_tokens.tolist() == [2, 2, 2] and result.num_accepted.tolist() == [0, 0, 0]
         assert result.accepted_nodes.tolist() == [[0], [0], [0]]
+
+
+@pytest.mark.parametrize("max_depth", [0, 2])
+def test_a_draft_without_nodes_emits_the_next_token(max_depth):
+    """emitted_tokens once dropped the next token when the draft had no nodes (then speculative_law never ended)."""
+    target_probs = torch.softmax(torch.randn(3, 1, 7, generator=torch.Generator().manual_seed(1)), -1)
+    empty = Draft(torch.zeros(3, 0, dtype=torch.long), torch.full((3, 1), -1), torch.zeros(3, 1, dtype=torch.long),
+                  torch.zeros(3, 0, 7), IID)
+    for verifier in LOSSLESS:
+        scheme = IID if IID in verifier.exact_for else next(iter(verifier.exact_for))
+        draft = empty._replace(scheme=scheme, draft_probs=None if scheme == DET else empty.draft_probs)
+        result = verifier(target_probs, draft, torch.Generator().manual_seed(0), max_depth=max_depth)
+        tokens, counts = emitted_tokens(draft, result)
+        assert tokens.shape == (3, max_depth + 1) and counts.tolist() == [1, 1, 1]
+        assert torch.equal(tokens[:, 0], result.next_tokens) and bool((tokens[:, 1:] == -1).all())
+
+
+@pytest.mark.parametrize("bad_id", [-1, 7])
+def test_a_token_id_outside_the_vocabulary_at_a_present_node_is_a_named_error(bad_id):
+    V = 7
+    target_probs = torch.full((2, 3, V), 1.0 / V)
+    tokens = torch.tensor([[1, 2], [3, bad_id]])
+    probs = torch.full((2, 2, V), 1.0 / V)
+    for verifier, scheme in [(verify_greedy, DET), (verify_chain, IID), (verify_tree_deterministic, DET),
+                             (verify_tree_iid, IID), (verify_tree_without_replacement, WOR), (verify_typical, DET)]:
+        draft = Draft(tokens, torch.tensor([[-1, 0, 1]] * 2), torch.tensor([[0, 1, 2]] * 2),
+                      None if scheme == DET else probs, scheme)
+        with pytest.raises(ValueError, match=rf"row 1, node 2 holds token id {bad_id}, outside the vocabulary \[0, 7\)"):
+            verifier(target_probs, draft, torch.Generator().manual_seed(0), max_depth=2)
+        absent = draft._replace(parents=torch.tensor([[-1, 0, 1], [-1, 0, -1]]),
+                                depths=torch.tensor([[0, 1, 2], [0, 1, 0]]))
+        verifier(target_probs, absent, torch.Generator().manual_seed(0), max_depth=2)  # an absent node may hold -1
+
+
+def test_every_verifier_follows_the_one_calling_convention():
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(2))
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=0.7, top_k=3)
+    for verifier in LOSSLESS + [verify_typical]:
+        assert isinstance(verifier, Verifier)
+        assert verifier.takes_logits == (verifier is verify_greedy)
+    assert verifier_input(verify_greedy, logits, sampled) is logits  # argmax only: raw logits, no copy
+    torch.testing.assert_close(verifier_input(verify_chain, logits, sampled), process_logits(logits, sampled))
+
+    def user_verifier(target_probs, draft, source, *, max_depth=None):  # unmarked: gets probabilities
+        return verify_greedy(target_probs, draft, source, max_depth=max_depth)
+
+    torch.testing.assert_close(verifier_input(user_verifier, logits, greedy), process_logits(logits, greedy))
 
 
 def test_bad_inputs_raise_errors_that_name_the_problem():
