@@ -29,7 +29,7 @@ from .adapter import CacheState, ModelAdapter
 from .drafters.base import Drafter, Feedback, ProposeRequest
 from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
-from .verify import Verifier, emitted_tokens, select_verifier, verifier_input
+from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
 
 __all__ = ["DecodeState", "StepOutput", "prefill", "step"]
 
@@ -126,7 +126,8 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
         active: Shape ``[B]`` bool, rows still generating (``None``: all). Inactive rows commit nothing in a
             step with drafts; in a plain step every row keeps its token, as in HF.
         verifier: a :class:`~specdec.verify.Verifier` for steps with drafts (default: the lossless one exact
-            for the draft's scheme, or greedy). Steps without drafts never call a verifier.
+            for the draft's scheme, or greedy; other functions are normalised by
+            :func:`~specdec.verify.as_verifier`). Steps without drafts never call a verifier.
         clock: called with a phase name (``draft``, ``target``, ``verify``, ``commit``, ``update``) at the end of
             each phase, for profiling (see :class:`~specdec.stats.PhaseClock`).
 
@@ -198,8 +199,7 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
                                    cache.lengths[:, None] + draft.depths, present)
     _tick(clock, "target")
     # 3. Verify: every verifier is called the same way; drafts are never deeper than K (no sync for the depth).
-    if verifier is None:
-        verifier = select_verifier(draft.scheme, sampling)
+    verifier = select_verifier(draft.scheme, sampling) if verifier is None else as_verifier(verifier)
     result = verifier(verifier_input(verifier, out.logits, sampling), draft, source, max_depth=num_drafts)
     tokens, counts = emitted_tokens(draft, result)  # [B, K + 1] (-1 after counts), [B]
     path = result.accepted_nodes  # [B, K + 1], pending indices of the root and the accepted drafts

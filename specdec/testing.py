@@ -29,7 +29,7 @@ import torch
 
 from .sampling import RandomSource, process_logits
 from .types import Draft, DraftScheme, SamplingParams
-from .verify import emitted_tokens
+from .verify import as_verifier, emitted_tokens
 
 __all__ = [
     "EnumeratingSource",
@@ -606,7 +606,8 @@ def speculative_law(
         drafting_rule: ``rule(draft_model, prefix, parents, source) -> Draft`` (:func:`draft_top_k`,
             :func:`draft_iid`, :func:`draft_without_replacement` or yours).
         verifier: a :class:`~specdec.verify.Verifier`, called as in ``generate()``:
-            ``verifier(target_probs, draft, source, max_depth=D) -> VerifyResult``.
+            ``verifier(target_probs, draft, source, max_depth=D) -> VerifyResult`` (a function without
+            ``max_depth`` is wrapped by :func:`~specdec.verify.as_verifier`).
         num_tokens: how many emitted tokens the law covers.
         prefix: committed tokens before the first step.
         max_steps: speculative steps before falling back to plain target sampling (``None``: no limit).
@@ -623,6 +624,7 @@ def speculative_law(
     """
     parents = chain_parents(tree) if isinstance(tree, int) else list(tree)
     max_depth = max(depths_of(parents))
+    verifier = as_verifier(verifier)
     step_laws: dict[tuple[int, ...], dict] = {}
 
     def step_law(context: tuple[int, ...]) -> dict:

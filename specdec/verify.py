@@ -41,6 +41,8 @@ which checks every draft without one.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Callable, Protocol, runtime_checkable
 
@@ -61,6 +63,7 @@ __all__ = [
     "emitted_tokens",
     "check_draft",
     "Verifier",
+    "as_verifier",
     "verifier_input",
 ]
 
@@ -104,6 +107,66 @@ def _verifier(*, lossless: bool, exact_for: frozenset[DraftScheme],
         return fn
 
     return mark
+
+
+def as_verifier(fn: Callable[..., VerifyResult]) -> Verifier:
+    """Normalise a verifier function into the :class:`Verifier` convention (as ``as_source`` does randomness).
+
+    A function that takes ``max_depth`` (or ``**kwargs``) is returned as is. One written for the earlier
+    conventions, ``fn(target_probs, draft, source)`` or ``fn(target_probs, draft)`` (greedy overrides), is
+    wrapped so that it is called the one way; ``max_depth`` is then dropped (such a function reads the depth
+    itself) and its ``lossless`` / ``exact_for`` / ``takes_logits`` attributes are kept.
+
+    Args:
+        fn: the verifier function.
+
+    Returns:
+        A :class:`Verifier`.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or takes neither 2 nor 3 positional arguments.
+
+    Example:
+        >>> v = as_verifier(lambda target_probs, draft, source: verify_greedy(target_probs, draft))
+        >>> sorted(inspect.signature(v).parameters)
+        ['draft', 'max_depth', 'source', 'target_probs']
+    """
+    if not callable(fn):
+        raise TypeError(f"a verifier must be callable as verifier(target_probs, draft, source, max_depth=D), got a "
+                        f"{type(fn).__name__}")
+    try:
+        return _as_verifier_cached(fn)  # once per function: generate() normalises its verifier every step
+    except TypeError as error:
+        if "unhashable" not in str(error):
+            raise
+        return _as_verifier(fn)
+
+
+def _as_verifier(fn: Callable[..., VerifyResult]) -> Verifier:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin, some C callables): trust the caller
+        return fn
+    if any(p.name == "max_depth" or p.kind is p.VAR_KEYWORD for p in params):
+        return fn
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        positional = [None] * 3
+    if len(positional) not in (2, 3):
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} takes {len(positional)} positional arguments; a verifier is "
+                        f"called as verifier(target_probs, draft, source, *, max_depth=D) (see specdec.verify.Verifier)")
+    takes_source = len(positional) == 3
+
+    def verifier(target_probs, draft, source, *, max_depth=None):
+        return fn(target_probs, draft, source) if takes_source else fn(target_probs, draft)
+
+    for name in ("lossless", "exact_for", "takes_logits", "__name__", "__doc__"):
+        if hasattr(fn, name):
+            setattr(verifier, name, getattr(fn, name))
+    return verifier
+
+
+_as_verifier_cached = functools.lru_cache(maxsize=64)(_as_verifier)
 
 
 def verifier_input(verifier: Verifier, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

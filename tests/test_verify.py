@@ -33,6 +33,7 @@ from specdec.testing import (
 from specdec.types import Draft, DraftScheme, SamplingParams, VerifyResult
 from specdec.verify import (
     Verifier,
+    as_verifier,
     check_draft,
     emitted_tokens,
     select_verifier,
@@ -774,3 +775,16 @@ def test_verify_greedy_without_drafts_equals_the_general_path(max_depth):
     for a, b in zip(fast, general):
         assert torch.equal(a, b)
     assert torch.equal(fast.next_tokens, logits[:, 0].argmax(-1))
+
+
+def test_as_verifier_calls_functions_of_the_earlier_conventions_the_one_way():
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(3))
+    draft = Draft(torch.tensor([[1, 2], [3, 4]]), torch.tensor([[-1, 0, 1]] * 2), torch.tensor([[0, 1, 2]] * 2),
+                  None, DET)
+    want = verify_greedy(logits, draft, max_depth=2)
+    assert as_verifier(verify_greedy) is verify_greedy
+    for legacy in [lambda t, d, s: verify_greedy(t, d), lambda t, d: verify_greedy(t, d)]:
+        got = as_verifier(legacy)(logits, draft, None, max_depth=2)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(TypeError, match="max_depth=D"):
+        as_verifier(lambda t: t)
