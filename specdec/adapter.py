@@ -266,7 +266,7 @@ class ModelAdapter:
         else:
             out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kwargs)
         feats = tuple(out.hidden_states[i] for i in self.feature_layers) if self.feature_layers else ()
-        return ForwardOutput(out.logits, feats)
+        return ForwardOutput(logits=out.logits, features=feats)
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
@@ -299,9 +299,10 @@ class ModelAdapter:
         out = self._run(input_ids, None if all_valid else valid.long(), positions, cache,
                         logits_to_keep=1 if last_logits_only else 0)
         if last_logits_only and out.logits.shape[1] != 1:
-            out = ForwardOutput(out.logits[:, -1:], out.features)
+            out = ForwardOutput(logits=out.logits[:, -1:], features=out.features)
         empty = torch.empty(B, 0, dtype=torch.long, device=device)
-        state = CacheState(cache, valid, valid.sum(1), empty, empty.bool(), all_valid, _Ticket())
+        state = CacheState(cache=cache, committed_valid=valid, lengths=valid.sum(1), pending_parents=empty,
+                           pending_present=empty.bool(), all_valid=all_valid, ticket=_Ticket())
         return out, state
 
     @torch.no_grad()
@@ -413,8 +414,9 @@ class ModelAdapter:
             layer.keys, layer.values = k, v
         new_valid = ar < counts[:, None]
         empty = torch.empty(B, 0, dtype=torch.long, device=device)
-        return CacheState(state.cache, torch.cat([state.committed_valid, new_valid], 1), state.lengths + counts,
-                          empty, empty.bool(), state.all_valid and (A == 0 or bool(full)), _Ticket())
+        return CacheState(cache=state.cache, committed_valid=torch.cat([state.committed_valid, new_valid], 1),
+                          lengths=state.lengths + counts, pending_parents=empty, pending_present=empty.bool(),
+                          all_valid=state.all_valid and (A == 0 or bool(full)), ticket=_Ticket())
 
     def check_positions(self, max_position: int) -> None:
         """Raise a clear error if ``max_position`` is past what the model supports."""

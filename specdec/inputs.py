@@ -101,7 +101,7 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
                 f"would be read as text: pass attention_mask (1 for real tokens), e.g. the one "
                 f"tokenizer(..., return_tensors='pt', padding=True) returns. If {pad_token_id} is a real token of "
                 f"your prompts, pass attention_mask=torch.ones_like(input_ids).")
-        return Prompts(ids, None, [T] * B)
+        return Prompts(input_ids=ids, attention_mask=None, lengths=[T] * B)
     if tuple(mask.shape) != (B, T):
         raise ValueError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {(B, T)}.")
     mask = mask.to(ids.device)
@@ -111,16 +111,17 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
     valid = mask.bool()
     lengths = valid.sum(1).tolist()  # host sync, once per call
     if min(lengths) == 0:
-        raise ValueError(f"row {lengths.index(0)} of attention_mask has no real token: every prompt needs at least one.")
+        raise ValueError(f"row {lengths.index(0)} of attention_mask has no real token: every prompt needs at least "
+                         f"one.")
     if min(lengths) == T:
-        return Prompts(ids, None, lengths)
+        return Prompts(input_ids=ids, attention_mask=None, lengths=lengths)
     left_padded = bool((valid[:, 1:] >= valid[:, :-1]).all())  # once a row is real, it stays real
     if not left_padded:
         # Stable sort puts each row's pads first and keeps its real tokens in order.
         order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices
         valid = valid.gather(1, order)
         ids = ids.gather(1, order).masked_fill(~valid, 0 if pad_token_id is None else pad_token_id)
-    return Prompts(ids, valid, lengths)
+    return Prompts(input_ids=ids, attention_mask=valid, lengths=lengths)
 
 
 def resolve_pad_token_id(model, pad_token_id: int | None) -> int | None:

@@ -100,7 +100,8 @@ def prefill(adapter: ModelAdapter, input_ids: torch.Tensor, attention_mask: torc
             tokens=input_ids, next_tokens=torch.cat([input_ids[:, 1:], roots[:, None]], 1),
             positions=(valid.long().cumsum(1) - 1).clamp_(min=0), valid=valid, features=out.features, roots=roots))
     # Host sync: the first token of every row.
-    return StepOutput(emitted=[[t] for t in roots.tolist()], state=DecodeState(cache, roots, drafter_state))
+    emitted = [[t] for t in roots.tolist()]
+    return StepOutput(emitted=emitted, state=DecodeState(cache=cache, roots=roots, drafter_state=drafter_state))
 
 
 @torch.no_grad()
@@ -182,7 +183,7 @@ def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock
         _tick(clock, "update")
     # The step's one host sync: the token each row emitted (the row bookkeeping needs it).
     emitted = [[t] for t in next_tokens.tolist()]
-    return StepOutput(emitted=emitted, state=DecodeState(cache, next_tokens, drafter_state))
+    return StepOutput(emitted=emitted, state=DecodeState(cache=cache, roots=next_tokens, drafter_state=drafter_state))
 
 
 def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, sampling, source, active,
@@ -224,13 +225,13 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
         ar = torch.arange(width, device=roots.device)[None, :]
         nodes = path[:, :width]
         feats = tuple(f.gather(1, nodes.clamp(min=0)[:, :, None].expand(-1, -1, f.shape[-1])) for f in out.features)
-        committed = torch.cat([roots[:, None], tokens[:, : width - 1]], 1).clamp_(min=0)
+        committed = torch.cat([roots[:, None], tokens], 1)[:, :width].clamp_(min=0)  # root + accepted drafts
         drafter_state = drafter.update(drafter_state, Feedback(
             tokens=committed, next_tokens=tokens[:, :width].clamp(min=0), positions=pending.lengths[:, None] + ar,
             valid=ar < keep_counts[:, None], features=feats, roots=result.next_tokens, accepted_nodes=nodes))
         _tick(clock, "update")
-    return StepOutput(emitted=emitted, state=DecodeState(cache, result.next_tokens, drafter_state), draft=draft,
-                      result=result)
+    state = DecodeState(cache=cache, roots=result.next_tokens, drafter_state=drafter_state)
+    return StepOutput(emitted=emitted, state=state, draft=draft, result=result)
 
 
 def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor]:

@@ -384,7 +384,7 @@ def _draft_tree(draft_model: ToyLM, prefix, parents, batch_size, scheme, pick_ch
     parents_t = torch.where(present, full_parents, torch.full_like(full_parents, -1))
     depths_t = torch.where(present, full_depths, torch.zeros_like(full_depths))
     draft_probs = None if scheme == DraftScheme.DETERMINISTIC else probs
-    return Draft(tokens, parents_t, depths_t, draft_probs, scheme)
+    return Draft(tokens=tokens, parents=parents_t, depths=depths_t, draft_probs=draft_probs, scheme=scheme)
 
 
 def draft_top_k(
@@ -541,7 +541,7 @@ def stack_drafts(drafts: Sequence[Draft]) -> Draft:
         if any(d.draft_probs is None for d in drafts):
             raise ValueError(f"every {scheme.name} draft needs draft_probs to be stacked")
         probs = torch.cat([pad(d.draft_probs, 0.0, nodes) for d in drafts])
-    return Draft(tokens, parents, depths, probs, scheme)
+    return Draft(tokens=tokens, parents=parents, depths=depths, draft_probs=probs, scheme=scheme)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -153,8 +153,8 @@ def _as_verifier(fn: Callable[..., VerifyResult]) -> Verifier:
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         positional = [None] * 3
     if len(positional) not in (2, 3):
-        raise TypeError(f"{getattr(fn, '__name__', fn)!r} takes {len(positional)} positional arguments; a verifier is "
-                        f"called as verifier(target_probs, draft, source, *, max_depth=D) (see specdec.verify.Verifier)")
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} takes {len(positional)} positional arguments; a verifier "
+                        f"is called as verifier(target_probs, draft, source, *, max_depth=D) (specdec.verify.Verifier)")
     takes_source = len(positional) == 3
 
     def verifier(target_probs, draft, source, *, max_depth=None):
@@ -318,7 +318,8 @@ def _path_to(node: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, ma
 
 def _result(node: torch.Tensor, next_tokens: torch.Tensor, draft: Draft, max_depth: int) -> VerifyResult:
     num_accepted = draft.depths.gather(1, node[:, None])[:, 0]
-    return VerifyResult(_path_to(node, draft.parents, draft.depths, max_depth), num_accepted, next_tokens)
+    path = _path_to(node, draft.parents, draft.depths, max_depth)
+    return VerifyResult(accepted_nodes=path, num_accepted=num_accepted, next_tokens=next_tokens)
 
 
 def _at_node(values: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
@@ -379,7 +380,7 @@ def verify_greedy(
     if nodes == 0:  # a plain step: the root's argmax (the path below gives the same, in ~10x more kernels)
         path = torch.full((batch, depth + 1), -1, dtype=torch.long, device=target_probs.device)
         path[:, 0] = 0
-        return VerifyResult(path, path[:, 0] * 0, target_probs[:, 0].argmax(-1))
+        return VerifyResult(accepted_nodes=path, num_accepted=path[:, 0] * 0, next_tokens=target_probs[:, 0].argmax(-1))
     argmax = target_probs.argmax(-1)
     parents = _safe_parents(draft.parents)
     matches = (draft.parents[:, 1:] >= 0) & (draft.tokens == argmax.gather(1, parents[:, 1:]))
@@ -778,9 +779,10 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
         counts ``[B] = num_accepted + 1``. A draft without nodes (``D = 0``) emits the next token alone.
 
     Example:
-        >>> draft = Draft(torch.tensor([[5, 6]]), torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), None,
-        ...               DraftScheme.DETERMINISTIC)
-        >>> result = VerifyResult(torch.tensor([[0, 1, -1]]), torch.tensor([1]), torch.tensor([9]))
+        >>> draft = Draft(tokens=torch.tensor([[5, 6]]), parents=torch.tensor([[-1, 0, 1]]),
+        ...               depths=torch.tensor([[0, 1, 2]]), draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
+        >>> result = VerifyResult(accepted_nodes=torch.tensor([[0, 1, -1]]), num_accepted=torch.tensor([1]),
+        ...                       next_tokens=torch.tensor([9]))
         >>> emitted_tokens(draft, result)[0].tolist()
         [[5, 9, -1]]
 

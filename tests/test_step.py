@@ -94,8 +94,8 @@ class _BadDrafter(PromptLookupDrafter):
         tokens = torch.full((draft.tokens.shape[0], 2), 5)
         tokens[1, 1] = -1
         parents = torch.tensor([[-1, 0, 1]] * tokens.shape[0])
-        return Draft(tokens, parents, torch.tensor([[0, 1, 2]] * tokens.shape[0]), None,
-                     DraftScheme.DETERMINISTIC), state
+        return Draft(tokens=tokens, parents=parents, depths=torch.tensor([[0, 1, 2]] * tokens.shape[0]),
+                     draft_probs=None, scheme=DraftScheme.DETERMINISTIC), state
 
 
 def test_a_bad_draft_token_id_is_a_named_error_not_an_index_error():

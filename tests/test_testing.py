@@ -204,7 +204,8 @@ def test_speculative_law_exposes_a_wrong_verifier():
 
     def accept_everything(target_probs, draft, source, *, max_depth=None):  # never rejects: the draft's law leaks
         nodes = torch.tensor([[0, 1]])
-        return VerifyResult(nodes, torch.tensor([1]), source.categorical(target_probs[:, 1]))
+        return VerifyResult(accepted_nodes=nodes, num_accepted=torch.tensor([1]),
+                            next_tokens=source.categorical(target_probs[:, 1]))
 
     law = speculative_law(target, drafter, 1, draft_iid, accept_everything, 2)
     assert total_variation(law, target_law(target, 2)) > 0.05
@@ -224,7 +225,8 @@ def test_speculative_law_refuses_a_step_that_emits_nothing():
     target, drafter = ToyLM(3, 11), ToyLM(3, 12)
 
     def emits_nothing(target_probs, draft, source, *, max_depth=None):
-        return VerifyResult(torch.tensor([[0]]), torch.tensor([0]), torch.tensor([-1]))
+        return VerifyResult(accepted_nodes=torch.tensor([[0]]), num_accepted=torch.tensor([0]),
+                            next_tokens=torch.tensor([-1]))
 
     with pytest.raises(ValueError, match="every step must emit"):
         speculative_law(target, drafter, 0, draft_iid, emits_nothing, 2)

@@ -123,7 +123,8 @@ def reference_verify(target_probs, draft, source, *, scheme, bug=None, max_depth
             node = parents[node]
         counts.append(len(path) - 1)
         paths.append(path[::-1] + [-1] * (depth + 1 - len(path)))
-    return VerifyResult(torch.tensor(paths), torch.tensor(counts), torch.tensor(nexts))
+    return VerifyResult(accepted_nodes=torch.tensor(paths), num_accepted=torch.tensor(counts),
+                        next_tokens=torch.tensor(nexts))
 
 
 def relabel(verifier: Callable, scheme: DraftScheme) -> Callable:
@@ -445,7 +446,8 @@ def _random_tree_draft(seed: int, batch: int, nodes: int, vocab: int, scheme=DET
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(vocab, (batch, nodes), generator=gen)
     probs = None if scheme == DET else torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), -1)
-    return Draft(tokens, torch.tensor(parents), torch.tensor(depths), probs, scheme)
+    return Draft(tokens=tokens, parents=torch.tensor(parents), depths=torch.tensor(depths), draft_probs=probs,
+                 scheme=scheme)
 
 
 def _argmax_chain(target: ToyLM, prefix, length):
@@ -493,7 +495,8 @@ def _matches_chain(draft, probs, b, node):
 def test_greedy_ties_go_to_lowest_id_and_smallest_index():
     logits = torch.zeros(1, 3, 4)
     logits[0, 0] = torch.tensor([1.0, 5.0, 5.0, 0.0])  # argmax at the root: token 1 (tie with 2)
-    draft = Draft(torch.tensor([[1, 1]]), torch.tensor([[-1, 0, 0]]), torch.tensor([[0, 1, 1]]), None, DET)
+    draft = Draft(tokens=torch.tensor([[1, 1]]), parents=torch.tensor([[-1, 0, 0]]), depths=torch.tensor([[0, 1, 1]]),
+                  draft_probs=None, scheme=DET)
     result = verify_greedy(logits, draft)
     assert result.accepted_nodes.tolist() == [[0, 1]] and result.num_accepted.tolist() == [1]
     assert result.next_tokens.tolist() == [0]  # all-zero logits at node 1: lowest id
@@ -541,7 +544,8 @@ def test_recovered_token_lies_in_residual_support():
     depths = torch.arange(k + 1).expand(batch, -1)
     rows = torch.arange(batch)
     for scheme in (IID, DET):
-        draft = Draft(tokens, parents, depths, draft_probs if scheme == IID else None, scheme)
+        draft = Draft(tokens=tokens, parents=parents, depths=depths,
+                      draft_probs=draft_probs if scheme == IID else None, scheme=scheme)
         result = verify_chain(target_probs, draft, source)
         rejected = result.num_accepted < k
         n = result.num_accepted[rejected]
@@ -555,8 +559,9 @@ def test_recovered_token_lies_in_residual_support():
             assert bool((nxt != x).all()) and bool((p[torch.arange(len(n)), nxt] > 0).all())
         assert int(rejected.sum()) > 1000  # the check saw many rejections
     # Trees of top-k drafts: the token after rejecting every child is none of the rejected children.
-    draft = Draft(torch.tensor([[0, 1, 2]]).expand(batch, -1), torch.tensor([[-1, 0, 0, 0]]).expand(batch, -1),
-                  torch.tensor([[0, 1, 1, 1]]).expand(batch, -1), None, DET)
+    draft = Draft(tokens=torch.tensor([[0, 1, 2]]).expand(batch, -1),
+                  parents=torch.tensor([[-1, 0, 0, 0]]).expand(batch, -1),
+                  depths=torch.tensor([[0, 1, 1, 1]]).expand(batch, -1), draft_probs=None, scheme=DET)
     result = verify_tree_deterministic(target_probs, draft, source)
     assert bool((result.next_tokens[result.num_accepted == 0] > 2).all())
 
@@ -632,7 +637,8 @@ def test_one_hot_target_accepts_exactly_the_matching_prefix():
     for verifier, scheme in [(verify_chain, IID), (verify_chain, DET), (verify_tree_iid, IID),
                              (verify_tree_deterministic, DET), (verify_tree_without_replacement, WOR),
                              (verify_greedy, DET)]:
-        draft = Draft(tokens, parents, depths, None if scheme == DET else q, scheme)
+        draft = Draft(tokens=tokens, parents=parents, depths=depths, draft_probs=None if scheme == DET else q,
+                      scheme=scheme)
         result = verifier(target_probs, draft, torch.Generator().manual_seed(0))
         emitted, count = emitted_tokens(draft, result)
         assert emitted.tolist() == [[3, 1, 4, -1, -1]] and count.tolist() == [3], verifier.__name__
@@ -661,9 +667,10 @@ def test_select_verifier_picks_the_exact_verifier_for_each_scheme():
 
 
 def test_emitted_tokens_layout_and_counts():
-    draft = Draft(torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, -1]]),
-                  torch.tensor([[0, 1, 1, 2], [0, 1, 0, 0]]), None, DET)
-    result = VerifyResult(torch.tensor([[0, 1, 3], [0, -1, -1]]), torch.tensor([2, 0]), torch.tensor([4, 2]))
+    draft = Draft(tokens=torch.tensor([[5, 6, 7], [8, 9, 0]]), parents=torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, -1]]),
+                  depths=torch.tensor([[0, 1, 1, 2], [0, 1, 0, 0]]), draft_probs=None, scheme=DET)
+    result = VerifyResult(accepted_nodes=torch.tensor([[0, 1, 3], [0, -1, -1]]), num_accepted=torch.tensor([2, 0]),
+                          next_tokens=torch.tensor([4, 2]))
     tokens, counts = emitted_tokens(draft, result)
     assert tokens.tolist() == [[5, 7, 4], [2, -1, -1]] and counts.tolist() == [3, 1]
 
@@ -684,8 +691,8 @@ def test_result_layout_padding_and_root_column():
 
 def test_empty_drafts_sample_from_the_root_distribution():
     target_probs = torch.tensor([[[0.0, 0.0, 1.0]]]).expand(3, 1, 3)
-    draft = Draft(torch.zeros(3, 0, dtype=torch.long), torch.full((3, 1), -1), torch.zeros(3, 1, dtype=torch.long),
-                  torch.zeros(3, 0, 3), IID)
+    draft = Draft(tokens=torch.zeros(3, 0, dtype=torch.long), parents=torch.full((3, 1), -1),
+                  depths=torch.zeros(3, 1, dtype=torch.long), draft_probs=torch.zeros(3, 0, 3), scheme=IID)
     for verifier in [verify_chain, verify_tree_iid, verify_greedy]:
         result = verifier(target_probs, draft, torch.Generator().manual_seed(0))
         assert result.next_tokens.tolist() == [2, 2, 2] and result.num_accepted.tolist() == [0, 0, 0]
@@ -696,8 +703,8 @@ def test_empty_drafts_sample_from_the_root_distribution():
 def test_a_draft_without_nodes_emits_the_next_token(max_depth):
     """emitted_tokens once dropped the next token when the draft had no nodes (then speculative_law never ended)."""
     target_probs = torch.softmax(torch.randn(3, 1, 7, generator=torch.Generator().manual_seed(1)), -1)
-    empty = Draft(torch.zeros(3, 0, dtype=torch.long), torch.full((3, 1), -1), torch.zeros(3, 1, dtype=torch.long),
-                  torch.zeros(3, 0, 7), IID)
+    empty = Draft(tokens=torch.zeros(3, 0, dtype=torch.long), parents=torch.full((3, 1), -1),
+                  depths=torch.zeros(3, 1, dtype=torch.long), draft_probs=torch.zeros(3, 0, 7), scheme=IID)
     for verifier in LOSSLESS:
         scheme = IID if IID in verifier.exact_for else next(iter(verifier.exact_for))
         draft = empty._replace(scheme=scheme, draft_probs=None if scheme == DET else empty.draft_probs)
@@ -715,9 +722,9 @@ def test_a_token_id_outside_the_vocabulary_at_a_present_node_is_a_named_error(ba
     probs = torch.full((2, 2, V), 1.0 / V)
     for verifier, scheme in [(verify_greedy, DET), (verify_chain, IID), (verify_tree_deterministic, DET),
                              (verify_tree_iid, IID), (verify_tree_without_replacement, WOR), (verify_typical, DET)]:
-        draft = Draft(tokens, torch.tensor([[-1, 0, 1]] * 2), torch.tensor([[0, 1, 2]] * 2),
-                      None if scheme == DET else probs, scheme)
-        with pytest.raises(ValueError, match=rf"row 1, node 2 holds token id {bad_id}, outside the vocabulary \[0, 7\)"):
+        draft = Draft(tokens=tokens, parents=torch.tensor([[-1, 0, 1]] * 2), depths=torch.tensor([[0, 1, 2]] * 2),
+                      draft_probs=None if scheme == DET else probs, scheme=scheme)
+        with pytest.raises(ValueError, match=rf"row 1, node 2 holds token id {bad_id}, outside the vocabulary \[0, 7"):
             verifier(target_probs, draft, torch.Generator().manual_seed(0), max_depth=2)
         absent = draft._replace(parents=torch.tensor([[-1, 0, 1], [-1, 0, -1]]),
                                 depths=torch.tensor([[0, 1, 2], [0, 1, 0]]))
@@ -740,7 +747,8 @@ def test_every_verifier_follows_the_one_calling_convention():
 
 
 def test_bad_inputs_raise_errors_that_name_the_problem():
-    draft = Draft(torch.tensor([[1]]), torch.tensor([[-1, 0]]), torch.tensor([[0, 1]]), torch.full((1, 1, 5), 0.2), IID)
+    draft = Draft(tokens=torch.tensor([[1]]), parents=torch.tensor([[-1, 0]]), depths=torch.tensor([[0, 1]]),
+                  draft_probs=torch.full((1, 1, 5), 0.2), scheme=IID)
     with pytest.raises(ValueError, match="share one vocabulary"):
         verify_tree_iid(torch.full((1, 2, 6), 1 / 6), draft, torch.Generator())
     with pytest.raises(ValueError, match=r"\[B, N \+ 1, V\]"):
@@ -752,11 +760,13 @@ def test_bad_inputs_raise_errors_that_name_the_problem():
     with pytest.raises(ValueError, match="needs randomness"):
         verify_chain(torch.full((1, 2, 5), 0.2), draft, None)
     with pytest.raises(ValueError, match="parent 2 must come before"):
-        check_draft(Draft(torch.tensor([[1, 2]]), torch.tensor([[-1, 2, 0]]), torch.tensor([[0, 1, 1]]), None, DET))
+        check_draft(Draft(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([[-1, 2, 0]]),
+                          depths=torch.tensor([[0, 1, 1]]), draft_probs=None, scheme=DET))
     with pytest.raises(ValueError, match="outside"):
         check_draft(draft, vocab_size=1)
     with pytest.raises(ValueError, match="not a chain"):
-        check_draft(Draft(torch.tensor([[1, 2]]), torch.tensor([[-1, 0, 0]]), torch.tensor([[0, 1, 1]]), None, DET),
+        check_draft(Draft(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([[-1, 0, 0]]),
+                          depths=torch.tensor([[0, 1, 1]]), draft_probs=None, scheme=DET),
                     chain=True)
 
 
@@ -767,9 +777,9 @@ def test_verify_greedy_without_drafts_equals_the_general_path(max_depth):
     B, V = 3, 11
     logits = torch.randn(B, 2, V, generator=g)
     z = torch.zeros(B, 1, dtype=torch.long)
-    empty = Draft(z[:, :0], z - 1, z, None, DraftScheme.DETERMINISTIC)
-    absent = Draft(z.clone(), torch.full((B, 2), -1), torch.zeros(B, 2, dtype=torch.long), None,
-                   DraftScheme.DETERMINISTIC)
+    empty = Draft(tokens=z[:, :0], parents=z - 1, depths=z, draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
+    absent = Draft(tokens=z.clone(), parents=torch.full((B, 2), -1), depths=torch.zeros(B, 2, dtype=torch.long),
+                   draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
     fast = verify_greedy(logits[:, :1], empty, max_depth=max_depth)
     general = verify_greedy(logits, absent, max_depth=max_depth)
     for a, b in zip(fast, general):
@@ -779,8 +789,8 @@ def test_verify_greedy_without_drafts_equals_the_general_path(max_depth):
 
 def test_as_verifier_calls_functions_of_the_earlier_conventions_the_one_way():
     logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(3))
-    draft = Draft(torch.tensor([[1, 2], [3, 4]]), torch.tensor([[-1, 0, 1]] * 2), torch.tensor([[0, 1, 2]] * 2),
-                  None, DET)
+    draft = Draft(tokens=torch.tensor([[1, 2], [3, 4]]), parents=torch.tensor([[-1, 0, 1]] * 2),
+                  depths=torch.tensor([[0, 1, 2]] * 2), draft_probs=None, scheme=DET)
     want = verify_greedy(logits, draft, max_depth=2)
     assert as_verifier(verify_greedy) is verify_greedy
     for legacy in [lambda t, d, s: verify_greedy(t, d), lambda t, d: verify_greedy(t, d)]:
