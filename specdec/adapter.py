@@ -14,6 +14,19 @@ them are real. *Pending* slots were written by :meth:`ModelAdapter.forward` call
 committed slots, its pending ancestors and itself; :meth:`ModelAdapter.commit` keeps a chosen path of
 pending slots per row (moved to the front of the pending region) and drops the rest.
 
+Two kinds of forward:
+
+- :meth:`ModelAdapter.prefill` and :meth:`ModelAdapter.decode` (one token per row, kept at once) hand HF the
+  2-D padding mask (``None`` when no slot is invalid), exactly as HF's own ``generate`` does, so HF builds its
+  own mask and the same attention kernel runs: plain decoding gives HF's tokens bit for bit, in bf16 too.
+- :meth:`ModelAdapter.forward` runs a tree under a custom 4-D mask (the only way to verify several drafts in
+  one pass); :meth:`ModelAdapter.commit` then keeps the accepted path.
+
+**States are consumed.** The HF cache is updated in place (copying it every step would cost more than the
+step), so ``prefill``/``decode``/``forward``/``commit`` each consume the :class:`CacheState` they are given
+and return its successor. Passing a consumed state again raises :class:`ConsumedStateError` (a cheap flag
+check), instead of silently reading a cache that has moved on.
+
 Works with transformers 5.17 through 5.24+ (the cache keyword is ``cache`` from 5.24 and
 ``past_key_values`` before; the adapter inspects the signature once).
 """
@@ -29,21 +42,46 @@ from .masks import to_aligned_additive_mask
 from .nn.attention import masked_sdpa_kernel
 from .trees import ancestor_matrix
 
-__all__ = ["CacheState", "ForwardOutput", "ModelAdapter", "SUPPORTED_ATTENTION"]
+__all__ = ["CacheState", "ConsumedStateError", "ForwardOutput", "ModelAdapter", "SUPPORTED_ATTENTION",
+           "UnsupportedModelError", "check_causal_lm"]
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+class ConsumedStateError(RuntimeError):
+    """A :class:`CacheState` was used after an adapter call consumed it (the HF cache has moved on since)."""
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be decoded left to right by specdec (not a causal LM with logits, or an attention
+    implementation that takes no custom mask); the message says what to load instead."""
+
+
+class _Ticket:
+    """Marks one :class:`CacheState` as the live one for its HF cache; spent when a call consumes the state."""
+
+    __slots__ = ("spent_by",)
+
+    def __init__(self) -> None:
+        self.spent_by: str | None = None
 
 
 class CacheState(NamedTuple):
     """KV cache of one model plus the bookkeeping that makes it ragged-row safe.
 
+    A state is **consumed** by the adapter call it is passed to (the HF cache is updated in place); use the
+    state that call returns. Reusing a consumed state raises :class:`ConsumedStateError`.
+
     Attributes:
-        cache: the HF ``DynamicCache`` (its tensors are replaced, never shared between states).
+        cache: the HF ``DynamicCache``, updated in place by ``decode``/``forward``/``commit``.
         committed_valid: Shape ``[B, Lc]`` bool, which committed slots hold real tokens.
         lengths: Shape ``[B]`` int64, committed tokens per row (= position id of the next token).
         pending_parents: Shape ``[B, P]`` int64, parent of each pending slot as a pending index, ``-1`` when
             the slot sits directly on the committed prefix (or is absent).
         pending_present: Shape ``[B, P]`` bool, which pending slots are real nodes.
+        all_valid: host flag, every committed slot is valid (no padding, no holes): a one-token decode then
+            needs no mask at all, as in HF.
+        ticket: the consumption guard (set by the adapter; ``None`` leaves a hand-built state unguarded).
     """
 
     cache: object
@@ -51,11 +89,25 @@ class CacheState(NamedTuple):
     lengths: torch.Tensor
     pending_parents: torch.Tensor
     pending_present: torch.Tensor
+    all_valid: bool = False
+    ticket: _Ticket | None = None
 
     @property
     def num_pending(self) -> int:
         """``P``: slots written since the last commit."""
         return self.pending_parents.shape[1]
+
+
+def _consume(state: CacheState, call: str) -> None:
+    ticket = state.ticket
+    if ticket is None:
+        return
+    if ticket.spent_by is not None:
+        raise ConsumedStateError(
+            f"this CacheState was already consumed by {ticket.spent_by}(): the HF cache is updated in place, so "
+            f"an older state no longer describes it. Pass the state that {ticket.spent_by}() returned to {call}()."
+        )
+    ticket.spent_by = call
 
 
 class ForwardOutput(NamedTuple):
@@ -68,6 +120,43 @@ class ForwardOutput(NamedTuple):
 
     logits: torch.Tensor
     features: tuple[torch.Tensor, ...]
+
+
+def check_causal_lm(model: nn.Module, role: str = "target") -> None:
+    """Refuse, up front, a model that cannot decode left to right with logits.
+
+    Checks, in order: not an encoder-decoder (``config.is_encoder_decoder``: T5, BART, ...); an LM head that
+    produces logits (``get_output_embeddings()``; ``AutoModel`` returns a bare decoder); causal attention (the
+    config's ``is_causal`` is not ``False`` and not every attention module says ``is_causal=False``: BERT-style
+    masked LMs attend both ways).
+
+    Args:
+        model: the model to check.
+        role: how the error names it (``"target"``, ``"draft model"``).
+
+    Raises:
+        UnsupportedModelError: naming the model class, the problem and what to load instead.
+    """
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if config is None:
+        raise UnsupportedModelError(f"the {role} ({name}) has no .config: pass a transformers causal LM, e.g. "
+                                    f"AutoModelForCausalLM.from_pretrained(...)")
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"the {role} {name} is an encoder-decoder model (config.is_encoder_decoder=True, e.g. T5/BART): specdec "
+            f"decodes decoder-only causal LMs. Load one with AutoModelForCausalLM.from_pretrained(...).")
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_head is None or get_head() is None:
+        raise UnsupportedModelError(
+            f"the {role} {name} has no LM head: it returns hidden states, not logits (AutoModel loads the bare "
+            f"decoder). Load it with AutoModelForCausalLM.from_pretrained(...) instead.")
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    if getattr(config, "is_causal", True) is False or (flags and not any(flags)):
+        raise UnsupportedModelError(
+            f"the {role} {name} attends bidirectionally (a masked LM or encoder, e.g. BertForMaskedLM), so it cannot "
+            f"decode left to right. Load a causal LM with AutoModelForCausalLM.from_pretrained(...) (BERT-style "
+            f"LM heads need config.is_decoder=True).")
 
 
 def _new_cache():
@@ -85,22 +174,25 @@ class ModelAdapter:
             ``eager`` attention implementation).
         feature_layers: HF ``hidden_states`` indices to return (``i`` = input of decoder layer ``i``,
             ``num_hidden_layers`` = final output after the last norm). Empty for none.
+        role: how errors name the model (``"target"``, ``"draft model"``).
 
     Raises:
-        ValueError: the model's attention implementation cannot take a custom 4-D mask, or a feature layer
-            is out of range.
+        UnsupportedModelError: not a causal LM with logits (:func:`check_causal_lm`), or an attention
+            implementation that cannot take a custom 4-D mask.
+        ValueError: a feature layer is out of range.
 
     Example:
         >>> ad = ModelAdapter(model)                                   # doctest: +SKIP
         >>> out, state = ad.prefill(input_ids, attention_mask)         # doctest: +SKIP
     """
 
-    def __init__(self, model: nn.Module, feature_layers: tuple[int, ...] = ()):
+    def __init__(self, model: nn.Module, feature_layers: tuple[int, ...] = (), *, role: str = "target"):
+        check_causal_lm(model, role)
         self.model = model
         config = model.config
         impl = getattr(config, "_attn_implementation", None) or "eager"
         if impl not in SUPPORTED_ATTENTION:
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"{type(model).__name__} uses attn_implementation={impl!r}, which cannot take the custom 4-D "
                 f"tree-attention mask speculative decoding needs. Load it with "
                 f"attn_implementation='sdpa' (or 'eager'), or call model.set_attn_implementation('sdpa')."
@@ -113,12 +205,17 @@ class ModelAdapter:
                     f"hidden_states index in [0, {num_layers}] ({num_layers} = final normed output)."
                 )
         self.feature_layers = tuple(feature_layers)
+        head = model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        #: ``V``: the width of the model's logits (its output embedding rows).
+        self.vocab_size = int(weight.shape[0]) if weight is not None else getattr(config, "vocab_size", None)
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.sliding_window = getattr(config, "sliding_window", None) if getattr(
             config, "use_sliding_window", True) else None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
+        self._ones_key, self._ones_col = None, None
 
     # ------------------------------------------------------------------ helpers
     def _check_length(self, max_position: int) -> None:
@@ -142,25 +239,30 @@ class ModelAdapter:
         """
         return to_aligned_additive_mask(visible[:, None], self.model.dtype)
 
-    def _run(self, tokens, mask, positions, cache, logits_to_keep: int = 0) -> ForwardOutput:
+    def _run(self, tokens, mask, positions, cache, *, logits_to_keep: int = 0, tree: bool = False) -> ForwardOutput:
+        """One model call. ``tree``: a custom 4-D mask on CUDA, kept off the cuDNN SDPA backend (see
+        ``_attention_backends``); otherwise HF gets a 2-D mask (or ``None``) and runs exactly as in its ``generate``."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self.feature_layers:
             kwargs["output_hidden_states"] = True
         if logits_to_keep and self._has_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
-        if tokens.is_cuda:
+        if tree and tokens.is_cuda:
             with masked_sdpa_kernel():
                 out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kwargs)
         else:
             out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kwargs)
         feats = tuple(out.hidden_states[i] for i in self.feature_layers) if self.feature_layers else ()
-        return ForwardOutput(out.logits, feats)
+        return ForwardOutput(logits=out.logits, features=feats)
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 *, last_logits_only: bool = True) -> tuple[ForwardOutput, CacheState]:
-        """Run the prompt and commit it.
+        """Run the prompt and commit it, as HF's ``generate`` runs its prefill.
+
+        HF gets the 2-D padding mask (``None`` without padding) and builds its own causal mask, so the same
+        attention kernel runs as in HF's ``generate`` and the cache holds the same values.
 
         Args:
             input_ids: Shape ``[B, T]``, left-padded prompts.
@@ -168,24 +270,60 @@ class ModelAdapter:
             last_logits_only: return logits for the last position only (``[B, 1, V]``).
 
         Returns:
-            ``(ForwardOutput, CacheState)``; features cover all ``T`` positions.
+            ``(ForwardOutput, CacheState)``; features cover all ``T`` positions (padding positions hold
+            whatever HF computes there: use ``committed_valid``).
         """
         B, T = input_ids.shape
         device = input_ids.device
-        valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        positions = (valid.long().cumsum(1) - 1).clamp_(min=0)
         self._check_length(T - 1)
-        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril_()
-        eye = torch.eye(T, dtype=torch.bool, device=device)
-        # A padding token sees only itself, so no attention row is empty (an empty row is NaN in sdpa).
-        visible = (causal & valid[:, None, :] & valid[:, :, None]) | eye
+        if attention_mask is None:
+            valid, all_valid = torch.ones_like(input_ids, dtype=torch.bool), True
+        else:
+            valid = attention_mask.bool()
+            all_valid = bool(valid.all())  # host sync, once per prompt
+        positions = (valid.long().cumsum(1) - 1).clamp_(min=0)
         cache = _new_cache()
-        out = self._run(input_ids, self._mask(visible), positions, cache, logits_to_keep=1 if last_logits_only else 0)
+        out = self._run(input_ids, None if all_valid else valid.long(), positions, cache,
+                        logits_to_keep=1 if last_logits_only else 0)
         if last_logits_only and out.logits.shape[1] != 1:
-            out = ForwardOutput(out.logits[:, -1:], out.features)
+            out = ForwardOutput(logits=out.logits[:, -1:], features=out.features)
         empty = torch.empty(B, 0, dtype=torch.long, device=device)
-        state = CacheState(cache, valid, valid.sum(1), empty, empty.bool())
+        state = CacheState(cache=cache, committed_valid=valid, lengths=valid.sum(1), pending_parents=empty,
+                           pending_present=empty.bool(), all_valid=all_valid, ticket=_Ticket())
         return out, state
+
+    @torch.no_grad()
+    def decode(self, state: CacheState, tokens: torch.Tensor) -> tuple[ForwardOutput, CacheState]:
+        """Run one token per row on the committed cache and keep it: HF's own one-token decode step.
+
+        Nothing is pending and nothing needs compacting, so the token simply stays in the cache. HF gets the 2-D
+        padding mask (``None`` when every committed slot is valid), as its ``generate`` passes it, and builds the
+        same mask, so the same attention kernel runs (in bf16 the logits equal HF's bit for bit). Every row keeps
+        its token, finished rows included (as in HF), so no hole appears.
+
+        Args:
+            state: a state with no pending slots (consumed).
+            tokens: Shape ``[B]`` int64, each row's next token (the root).
+
+        Returns:
+            ``(ForwardOutput, state)``: logits ``[B, 1, V]``, features ``[B, 1, H]``; the state has one more
+            committed slot per row.
+        """
+        if state.num_pending:
+            raise ValueError(f"decode() needs a state with no pending slots, this one has {state.num_pending}: "
+                             f"commit() the pending tree first")
+        _consume(state, "decode")
+        valid = torch.cat([state.committed_valid, self._ones(tokens)], 1)
+        out = self._run(tokens[:, None], None if state.all_valid else valid, state.lengths[:, None], state.cache)
+        return out, state._replace(committed_valid=valid, lengths=state.lengths + 1, ticket=_Ticket())
+
+    def _ones(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A ``[B, 1]`` all-true column on the tokens' device (cached: built once per batch size)."""
+        key = (tokens.shape[0], tokens.device)
+        if self._ones_key != key:
+            self._ones_key, self._ones_col = key, torch.ones(tokens.shape[0], 1, dtype=torch.bool,
+                                                             device=tokens.device)
+        return self._ones_col
 
     @torch.no_grad()
     def forward(self, state: CacheState, tokens: torch.Tensor, parents: torch.Tensor,
@@ -202,8 +340,9 @@ class ModelAdapter:
             present: Shape ``[B, M]`` bool, absent nodes (padding) see only themselves and are never kept.
 
         Returns:
-            ``(ForwardOutput, state)`` with ``M`` more pending slots.
+            ``(ForwardOutput, state)`` with ``M`` more pending slots (``state`` is consumed).
         """
+        _consume(state, "forward")
         B, M = tokens.shape
         if present is None:
             present = torch.ones_like(tokens, dtype=torch.bool)
@@ -214,51 +353,57 @@ class ModelAdapter:
         anc = ancestor_matrix(all_parents)[:, -M:]
         prefix = state.committed_valid[:, None, :] & present[:, :, None]
         visible = torch.cat([prefix.expand(B, M, -1), anc], 2)
-        out = self._run(tokens, self._mask(visible), positions, state.cache)
-        return out, state._replace(pending_parents=all_parents, pending_present=all_present)
+        out = self._run(tokens, self._mask(visible), positions, state.cache, tree=True)
+        return out, state._replace(pending_parents=all_parents, pending_present=all_present, ticket=_Ticket())
 
     @torch.no_grad()
-    def commit(self, state: CacheState, keep: torch.Tensor, counts: torch.Tensor) -> CacheState:
+    def commit(self, state: CacheState, keep: torch.Tensor, counts: torch.Tensor, *, prefix: bool | None = None,
+               full: bool | None = None) -> CacheState:
         """Keep, per row, a path of pending slots as committed tokens and drop every other pending slot.
 
         Args:
-            state: a state with ``P`` pending slots.
+            state: a state with ``P`` pending slots (consumed).
             keep: Shape ``[B, A]`` int64, pending indices to keep, in sequence order, ``-1`` padded; ``A``
                 should be the largest count (the cache grows by ``A`` slots).
             counts: Shape ``[B]`` int64, how many entries of ``keep`` are real per row.
+            prefix: the caller knows (on the host) whether every row keeps a prefix of its pending slots
+                (``keep[b, j] == j`` for ``j < counts[b]``, e.g. a chain): then the cache is cut instead of
+                gathered. ``None``: found out on the device.
+            full: the caller knows whether every row keeps all ``A`` entries (no hole appears). ``None``: found
+                out on the device. ``prefix`` and ``full`` left ``None`` cost one host sync together.
 
         Returns:
             The state with no pending slots and ``Lc + A`` committed slots.
         """
+        _consume(state, "commit")
         P = state.num_pending
         B, A = keep.shape
         Lc = state.committed_valid.shape[1]
         device = keep.device
-        if A:
-            idx = keep.clamp(min=0) + Lc
-            ar = torch.arange(A, device=device)[None, :]
-            # Fast path (one host sync): every row keeps a prefix of its pending slots, e.g. a chain.
-            identity = A <= P and bool(((keep == ar) | (ar >= counts[:, None])).all())
-            for layer in state.cache.layers:
-                k, v = layer.keys, layer.values
-                if k is None:
-                    continue
-                if not identity:
-                    gi = idx[:, None, :, None].expand(B, k.shape[1], A, k.shape[3])
-                    k_sel, v_sel = k.gather(2, gi), v.gather(2, gi)
-                    k = torch.cat([k[:, :, :Lc], k_sel], 2)
-                    v = torch.cat([v[:, :, :Lc], v_sel], 2)
-                else:
-                    k, v = k[:, :, : Lc + A], v[:, :, : Lc + A]
-                layer.keys, layer.values = k, v
-        else:
-            for layer in state.cache.layers:
-                if layer.keys is not None:
-                    layer.keys, layer.values = layer.keys[:, :, :Lc], layer.values[:, :, :Lc]
-        new_valid = torch.arange(A, device=device)[None, :] < counts[:, None]
+        ar = torch.arange(A, device=device)[None, :]
+        if A and (prefix is None or full is None):
+            # One host sync: is the kept path a prefix of the pending slots (a cut, no gather), does it leave holes?
+            found = torch.stack([((keep == ar) | (ar >= counts[:, None])).all(), (counts == A).all()]).tolist()
+            prefix = found[0] if prefix is None else prefix
+            full = found[1] if full is None else full
+        prefix = bool(prefix) and A <= P
+        for layer in state.cache.layers:
+            k, v = layer.keys, layer.values
+            if k is None:
+                continue
+            if A and not prefix:
+                idx = keep.clamp(min=0) + Lc
+                gi = idx[:, None, :, None].expand(B, k.shape[1], A, k.shape[3])
+                k = torch.cat([k[:, :, :Lc], k.gather(2, gi)], 2)
+                v = torch.cat([v[:, :, :Lc], v.gather(2, gi)], 2)
+            else:
+                k, v = k[:, :, : Lc + A], v[:, :, : Lc + A]
+            layer.keys, layer.values = k, v
+        new_valid = ar < counts[:, None]
         empty = torch.empty(B, 0, dtype=torch.long, device=device)
-        return CacheState(state.cache, torch.cat([state.committed_valid, new_valid], 1),
-                          state.lengths + counts, empty, empty.bool())
+        return CacheState(cache=state.cache, committed_valid=torch.cat([state.committed_valid, new_valid], 1),
+                          lengths=state.lengths + counts, pending_parents=empty, pending_present=empty.bool(),
+                          all_valid=state.all_valid and (A == 0 or bool(full)), ticket=_Ticket())
 
     def check_positions(self, max_position: int) -> None:
         """Raise a clear error if ``max_position`` is past what the model supports."""

@@ -7,12 +7,14 @@ Randomness is always an argument. A block that samples takes a :class:`RandomSou
 - ``categorical(weights)``: one index per row, drawn proportionally to non-negative, unnormalised weights.
 
 :class:`TorchSource` answers from a ``torch.Generator``; :class:`PredrawnNoise` answers from noise drawn
-beforehand (so a kernel and its torch reference can be fed the same noise); ``specdec.testing`` has a source
-that branches over every answer to compute exact output laws.
+beforehand (so a kernel and its torch reference can be fed the same noise); :class:`PerRowSource` gives every
+batch row its own source (a row's tokens then do not depend on the other rows of the batch);
+``specdec.testing`` has a source that branches over every answer to compute exact output laws.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -25,8 +27,10 @@ __all__ = [
     "NoiseSource",
     "TorchSource",
     "PredrawnNoise",
+    "PerRowSource",
     "as_source",
     "sample",
+    "next_token",
 ]
 
 
@@ -293,6 +297,54 @@ class PredrawnNoise(NoiseSource):
         return out
 
 
+class PerRowSource:
+    """A :class:`RandomSource` that gives every batch row its own source.
+
+    Every draw of ``specdec`` (drafting, verification, plain sampling) is batched with the rows first, so
+    ``bernoulli(probs)`` / ``categorical(weights)`` split their input along dimension 0 and ask row ``b``'s
+    source for row ``b``'s answers. Row ``b``'s randomness then does not depend on the other rows: decoding a
+    prompt in a batch gives the same tokens as decoding it alone with the same row source, as long as the draws
+    have the same shapes (plain decoding and fixed-shape drafters such as a draft-model chain do; a drafter
+    whose draft width depends on the batch, like prompt lookup, does not).
+
+    Args:
+        sources: one :class:`RandomSource` or ``torch.Generator`` per row (generators are wrapped by
+            :func:`as_source`).
+
+    Example:
+        >>> rows = PerRowSource([torch.Generator().manual_seed(s) for s in (0, 1)])
+        >>> rows.categorical(torch.tensor([[0.0, 1.0], [1.0, 0.0]])).tolist()
+        [1, 0]
+
+    References:
+        STYLE.md rule 6 (randomness is an argument).
+    """
+
+    def __init__(self, sources: Sequence[RandomSource | torch.Generator]) -> None:
+        if len(sources) == 0:
+            raise ValueError("PerRowSource needs one source per batch row, got none")
+        self.sources = [as_source(s) for s in sources]
+
+    def _rows(self, tensor: torch.Tensor, what: str) -> None:
+        if tensor.dim() < 1 or tensor.shape[0] != len(self.sources):
+            raise ValueError(
+                f"PerRowSource has {len(self.sources)} row sources but {what} has shape {tuple(tensor.shape)}: the "
+                f"first dimension must be the batch ({len(self.sources)} rows)"
+            )
+
+    def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
+        """See :meth:`RandomSource.bernoulli`; row ``b`` from source ``b``."""
+        self._rows(probs, "probs")
+        return torch.stack([src.bernoulli(p) for src, p in zip(self.sources, probs)])
+
+    def categorical(self, weights: torch.Tensor) -> torch.Tensor:
+        """See :meth:`RandomSource.categorical`; row ``b`` from source ``b``."""
+        self._rows(weights, "weights")
+        if weights.dim() < 2:
+            raise ValueError(f"PerRowSource.categorical needs weights [B, ..., V], got {tuple(weights.shape)}")
+        return torch.stack([src.categorical(w) for src, w in zip(self.sources, weights)])
+
+
 class _NoRandomness:
     """Stands in for a missing generator on greedy calls; asking it for noise is a clear error."""
 
@@ -362,3 +414,31 @@ def sample(probs: torch.Tensor, source: RandomSource | torch.Generator) -> torch
         The exponential race (equivalent to the Gumbel-max trick): vLLM v1 ``sample_recovered_tokens``.
     """
     return as_source(source).categorical(probs)
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, source: RandomSource | None) -> torch.Tensor:
+    """The token plain decoding emits after each row: the argmax when greedy, else a draw from the processed law.
+
+    Math: ``argmax_v logits[b, v]`` (ties to the lowest id) at temperature 0; otherwise
+    ``x_b ~ process_logits(logits[b], params)``.
+
+    Args:
+        logits: the target's logits at each row's last token, any float dtype (greedy takes the argmax as is,
+            exactly as HF's ``generate`` after its float32 cast: the cast does not change the argmax).
+            Shape: ``[B, V]``.
+        params: the run's sampling parameters.
+        source: the randomness (ignored when greedy; required otherwise).
+
+    Returns:
+        Int64 token ids, shape ``[B]``.
+
+    Example:
+        >>> next_token(torch.tensor([[0.0, 2.0, 1.0]]), SamplingParams(), None).tolist()
+        [1]
+
+    References:
+        HF ``GenerationMixin._sample`` (argmax or multinomial of the processed scores).
+    """
+    if params.is_greedy:
+        return logits.argmax(-1)
+    return as_source(source).categorical(process_logits(logits, params))

@@ -29,7 +29,7 @@ import torch
 
 from .sampling import RandomSource, process_logits
 from .types import Draft, DraftScheme, SamplingParams
-from .verify import emitted_tokens
+from .verify import as_verifier, emitted_tokens
 
 __all__ = [
     "EnumeratingSource",
@@ -384,7 +384,7 @@ def _draft_tree(draft_model: ToyLM, prefix, parents, batch_size, scheme, pick_ch
     parents_t = torch.where(present, full_parents, torch.full_like(full_parents, -1))
     depths_t = torch.where(present, full_depths, torch.zeros_like(full_depths))
     draft_probs = None if scheme == DraftScheme.DETERMINISTIC else probs
-    return Draft(tokens, parents_t, depths_t, draft_probs, scheme)
+    return Draft(tokens=tokens, parents=parents_t, depths=depths_t, draft_probs=draft_probs, scheme=scheme)
 
 
 def draft_top_k(
@@ -541,7 +541,7 @@ def stack_drafts(drafts: Sequence[Draft]) -> Draft:
         if any(d.draft_probs is None for d in drafts):
             raise ValueError(f"every {scheme.name} draft needs draft_probs to be stacked")
         probs = torch.cat([pad(d.draft_probs, 0.0, nodes) for d in drafts])
-    return Draft(tokens, parents, depths, probs, scheme)
+    return Draft(tokens=tokens, parents=parents, depths=depths, draft_probs=probs, scheme=scheme)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -601,10 +601,13 @@ def speculative_law(
     Args:
         target: the target :class:`ToyLM`.
         draft_model: the draft :class:`ToyLM` (may be ``target`` itself: ``q = p``).
-        tree: a parents list (``[-1, ...]``) or an int ``K`` for a chain of ``K`` drafts.
+        tree: a parents list (``[-1, ...]``) or an int ``K`` for a chain of ``K`` drafts (``0``: no drafts,
+            plain sampling through the verifier).
         drafting_rule: ``rule(draft_model, prefix, parents, source) -> Draft`` (:func:`draft_top_k`,
             :func:`draft_iid`, :func:`draft_without_replacement` or yours).
-        verifier: ``verifier(target_probs, draft, source) -> VerifyResult``.
+        verifier: a :class:`~specdec.verify.Verifier`, called as in ``generate()``:
+            ``verifier(target_probs, draft, source, max_depth=D) -> VerifyResult`` (a function without
+            ``max_depth`` is wrapped by :func:`~specdec.verify.as_verifier`).
         num_tokens: how many emitted tokens the law covers.
         prefix: committed tokens before the first step.
         max_steps: speculative steps before falling back to plain target sampling (``None``: no limit).
@@ -612,11 +615,16 @@ def speculative_law(
     Returns:
         ``{tokens: probability}`` with tuples of length ``num_tokens``.
 
+    Raises:
+        ValueError: a step emitted no token or a ``-1`` (a verifier bug; the law would otherwise never finish).
+
     References:
         research/engines.md section 2.5 (enumeration oracles for chain, SpecInfer, without-replacement and
         target-only verifiers).
     """
     parents = chain_parents(tree) if isinstance(tree, int) else list(tree)
+    max_depth = max(depths_of(parents))
+    verifier = as_verifier(verifier)
     step_laws: dict[tuple[int, ...], dict] = {}
 
     def step_law(context: tuple[int, ...]) -> dict:
@@ -624,9 +632,15 @@ def speculative_law(
 
             def program(source: RandomSource) -> tuple[int, ...]:
                 draft = drafting_rule(draft_model, context, parents, source)
-                result = verifier(node_probs(target, context, draft), draft, source)
+                result = verifier(node_probs(target, context, draft), draft, source, max_depth=max_depth)
                 tokens, counts = emitted_tokens(draft, result)
-                return tuple(tokens[0, : int(counts[0])].tolist())
+                emitted = tuple(tokens[0, : int(counts[0])].tolist())
+                if not emitted or any(t < 0 for t in emitted):
+                    raise ValueError(
+                        f"a step emitted {list(emitted)} at context {list(context)}: every step must emit at least "
+                        "the next token (num_accepted + 1 real ids); check the verifier's VerifyResult"
+                    )
+                return emitted
 
             step_laws[context] = exact_distribution(program)
         return step_laws[context]

@@ -1,12 +1,16 @@
 """Verification: decide which draft tokens the target accepts, and the token that follows them.
 
-Every verifier takes the target's processed distributions at the tree's nodes and a :class:`~specdec.types.Draft`,
-is batched over rows, and returns a :class:`~specdec.types.VerifyResult`::
+Every verifier (built-in or yours) is called one way, the :class:`Verifier` protocol; it is batched over rows
+and returns a :class:`~specdec.types.VerifyResult`::
 
-    verify_xxx(target_probs [B, N+1, V], draft, source) -> VerifyResult
+    verifier(target_probs [B, N+1, V], draft, source, max_depth=D) -> VerifyResult
 
 ``target_probs[:, i]`` is the target's distribution of the token that follows node ``i`` (node 0 is the root),
-already processed by :func:`specdec.sampling.process_logits` with the run's :class:`SamplingParams`.
+already processed by :func:`specdec.sampling.process_logits` with the run's :class:`SamplingParams`; a verifier
+marked ``takes_logits`` (:func:`verify_greedy`: it only takes the argmax) gets the raw logits instead
+(:func:`verifier_input` says which). ``source`` is always a :class:`~specdec.sampling.RandomSource` (a
+placeholder that refuses to draw when greedy); ``max_depth`` bounds the draft's depth, so no verifier has to
+read it from the device.
 
 A lossless verifier is exact only for the way the drafts were made (``Draft.scheme``); each verifier carries
 ``lossless`` and ``exact_for`` attributes, and :func:`select_verifier` picks the right one:
@@ -31,15 +35,20 @@ verifiers differ only in ``q_j``: one-hot at ``x`` (deterministic), the fixed ``
 earlier siblings removed and renormalised (without replacement).
 
 Host syncs: none, except reading the draft's depth when ``max_depth`` is not given (pass the compiled tree's depth).
+Token ids at present nodes are checked against ``V`` when the tensors are on the CPU (free there); on an
+accelerator that check would cost a sync, so it is left to :func:`check_draft` and to :func:`specdec.step.step`,
+which checks every draft without one.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-from .sampling import RandomSource, as_source
+from .sampling import RandomSource, as_source, process_logits
 from .trees import ancestor_matrix
 from .types import Draft, DraftScheme, SamplingParams, VerifyResult
 
@@ -53,19 +62,134 @@ __all__ = [
     "select_verifier",
     "emitted_tokens",
     "check_draft",
+    "Verifier",
+    "as_verifier",
+    "verifier_input",
 ]
 
-Verifier = Callable[..., VerifyResult]
 _ALL_SCHEMES = frozenset(DraftScheme)
 
 
-def _verifier(*, lossless: bool, exact_for: frozenset[DraftScheme]) -> Callable[[Verifier], Verifier]:
+@runtime_checkable
+class Verifier(Protocol):
+    """The one calling convention of every verifier, built-in or user-supplied.
+
+    A verifier may also carry the attributes the built-in ones have: ``lossless`` (bool), ``exact_for`` (the
+    :class:`~specdec.types.DraftScheme` values it is exact for) and ``takes_logits`` (it only needs the argmax,
+    so it is fed raw logits; default ``False``: processed probabilities). See :func:`verifier_input`.
+    """
+
+    def __call__(self, target_probs: torch.Tensor, draft: Draft, source: RandomSource, *,
+                 max_depth: int | None = None) -> VerifyResult:
+        """Decide the accepted path and the next token of every row.
+
+        Args:
+            target_probs: the target's distributions at every node (``[:, i]``: the token after node ``i``),
+                processed by :func:`~specdec.sampling.process_logits`; raw logits for ``takes_logits`` verifiers.
+                Shape: ``[B, N + 1, V]``.
+            draft: the draft tree.
+                Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
+            source: where the verifier's randomness comes from.
+            max_depth: ``D``, a bound of the draft's depth (``None``: read it from the draft, one host sync).
+
+        Returns:
+            :class:`~specdec.types.VerifyResult`.
+        """
+        ...
+
+
+def _verifier(*, lossless: bool, exact_for: frozenset[DraftScheme],
+              takes_logits: bool = False) -> Callable[[Verifier], Verifier]:
     def mark(fn: Verifier) -> Verifier:
         fn.lossless = lossless
         fn.exact_for = frozenset(exact_for)
+        fn.takes_logits = takes_logits
         return fn
 
     return mark
+
+
+def as_verifier(fn: Callable[..., VerifyResult]) -> Verifier:
+    """Normalise a verifier function into the :class:`Verifier` convention (as ``as_source`` does randomness).
+
+    A function that takes ``max_depth`` (or ``**kwargs``) is returned as is. One written for the earlier
+    conventions, ``fn(target_probs, draft, source)`` or ``fn(target_probs, draft)`` (greedy overrides), is
+    wrapped so that it is called the one way; ``max_depth`` is then dropped (such a function reads the depth
+    itself) and its ``lossless`` / ``exact_for`` / ``takes_logits`` attributes are kept.
+
+    Args:
+        fn: the verifier function.
+
+    Returns:
+        A :class:`Verifier`.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or takes neither 2 nor 3 positional arguments.
+
+    Example:
+        >>> v = as_verifier(lambda target_probs, draft, source: verify_greedy(target_probs, draft))
+        >>> sorted(inspect.signature(v).parameters)
+        ['draft', 'max_depth', 'source', 'target_probs']
+    """
+    if not callable(fn):
+        raise TypeError(f"a verifier must be callable as verifier(target_probs, draft, source, max_depth=D), got a "
+                        f"{type(fn).__name__}")
+    try:
+        return _as_verifier_cached(fn)  # once per function: generate() normalises its verifier every step
+    except TypeError as error:
+        if "unhashable" not in str(error):
+            raise
+        return _as_verifier(fn)
+
+
+def _as_verifier(fn: Callable[..., VerifyResult]) -> Verifier:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin, some C callables): trust the caller
+        return fn
+    if any(p.name == "max_depth" or p.kind is p.VAR_KEYWORD for p in params):
+        return fn
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        positional = [None] * 3
+    if len(positional) not in (2, 3):
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} takes {len(positional)} positional arguments; a verifier "
+                        f"is called as verifier(target_probs, draft, source, *, max_depth=D) (specdec.verify.Verifier)")
+    takes_source = len(positional) == 3
+
+    def verifier(target_probs, draft, source, *, max_depth=None):
+        return fn(target_probs, draft, source) if takes_source else fn(target_probs, draft)
+
+    for name in ("lossless", "exact_for", "takes_logits", "__name__", "__doc__"):
+        if hasattr(fn, name):
+            setattr(verifier, name, getattr(fn, name))
+    return verifier
+
+
+_as_verifier_cached = functools.lru_cache(maxsize=64)(_as_verifier)
+
+
+def verifier_input(verifier: Verifier, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """What ``verifier`` is fed: raw logits if it is marked ``takes_logits``, else the processed probabilities.
+
+    Math: ``process_logits(logits, params)`` (temperature, top-k, top-p; one-hot argmax when greedy), or
+    ``logits`` untouched for a verifier that only takes the argmax (no copy, any dtype).
+
+    Args:
+        verifier: the verifier about to be called.
+        logits: the target's logits at every node.
+            Shape: ``[B, N + 1, V]``.
+        params: the run's sampling parameters.
+
+    Returns:
+        Shape ``[B, N + 1, V]``: logits, or float32 probabilities (float64 for float64 logits).
+
+    References:
+        STYLE.md rule 7 (one contract between blocks); :class:`Verifier`.
+    """
+    if getattr(verifier, "takes_logits", False):
+        return logits
+    return process_logits(logits, params)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,7 +234,21 @@ def _check_inputs(target_probs: torch.Tensor, draft: Draft, need_draft_probs: bo
                 f"{name}: draft_probs has vocabulary {shape[2]} but target_probs has {vocab}: draft and target must "
                 "share one vocabulary (map a reduced draft vocabulary to the target's, e.g. with d2t, first)"
             )
+    if nodes and draft.tokens.device.type == "cpu":  # free on the CPU; elsewhere it would cost a host sync
+        _check_token_ids(draft, vocab, name)
     return batch, nodes, vocab
+
+
+def _check_token_ids(draft: Draft, vocab: int, name: str) -> None:
+    """Raise a named error for a token id outside ``[0, V)`` at a present node (reads the tensors)."""
+    bad = (draft.parents[:, 1:] >= 0) & ((draft.tokens < 0) | (draft.tokens >= vocab))
+    if bool(bad.any()):
+        row, node = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name}: row {row}, node {node + 1} holds token id {int(draft.tokens[row, node])}, outside the "
+            f"vocabulary [0, {vocab}): a present node needs a real token id (mark padding nodes absent with "
+            "parent -1 and depth 0)"
+        )
 
 
 def _check_scheme(fn_name: str, draft: Draft, exact_for: frozenset[DraftScheme]) -> None:
@@ -180,7 +318,8 @@ def _path_to(node: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, ma
 
 def _result(node: torch.Tensor, next_tokens: torch.Tensor, draft: Draft, max_depth: int) -> VerifyResult:
     num_accepted = draft.depths.gather(1, node[:, None])[:, 0]
-    return VerifyResult(_path_to(node, draft.parents, draft.depths, max_depth), num_accepted, next_tokens)
+    path = _path_to(node, draft.parents, draft.depths, max_depth)
+    return VerifyResult(accepted_nodes=path, num_accepted=num_accepted, next_tokens=next_tokens)
 
 
 def _at_node(values: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
@@ -200,7 +339,7 @@ def _normalised_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@_verifier(lossless=True, exact_for=_ALL_SCHEMES)
+@_verifier(lossless=True, exact_for=_ALL_SCHEMES, takes_logits=True)
 def verify_greedy(
     target_probs: torch.Tensor,
     draft: Draft,
@@ -223,7 +362,8 @@ def verify_greedy(
             Shape: ``[B, N + 1, V]``.
         draft: the draft tree (any scheme; ``draft_probs`` is ignored).
             Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
-        source: ignored (greedy draws nothing); accepted so that every verifier has one signature.
+        source: ignored (greedy draws nothing); accepted so that every verifier has one signature
+            (:class:`Verifier`). The verifier is marked ``takes_logits``: callers may pass raw logits.
         max_depth: ``D``, the tree's depth bound; ``None`` reads it from ``draft.depths`` (one host sync).
 
     Returns:
@@ -240,7 +380,7 @@ def verify_greedy(
     if nodes == 0:  # a plain step: the root's argmax (the path below gives the same, in ~10x more kernels)
         path = torch.full((batch, depth + 1), -1, dtype=torch.long, device=target_probs.device)
         path[:, 0] = 0
-        return VerifyResult(path, path[:, 0] * 0, target_probs[:, 0].argmax(-1))
+        return VerifyResult(accepted_nodes=path, num_accepted=path[:, 0] * 0, next_tokens=target_probs[:, 0].argmax(-1))
     argmax = target_probs.argmax(-1)
     parents = _safe_parents(draft.parents)
     matches = (draft.parents[:, 1:] >= 0) & (draft.tokens == argmax.gather(1, parents[:, 1:]))
@@ -608,7 +748,7 @@ def select_verifier(scheme: DraftScheme, params: SamplingParams, *, chain: bool 
         chain: the drafter proposes one child per node.
 
     Returns:
-        A verifier ``(target_probs, draft, source, *, max_depth=None) -> VerifyResult`` with
+        A :class:`Verifier` ``(target_probs, draft, source, *, max_depth=None) -> VerifyResult`` with
         ``lossless == True``.
 
     References:
@@ -636,12 +776,13 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
 
     Returns:
         ``(tokens, counts)``: tokens of shape ``[B, D + 1]`` (``-1`` after the ``counts[b]`` emitted ones) and
-        counts ``[B] = num_accepted + 1``.
+        counts ``[B] = num_accepted + 1``. A draft without nodes (``D = 0``) emits the next token alone.
 
     Example:
-        >>> draft = Draft(torch.tensor([[5, 6]]), torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), None,
-        ...               DraftScheme.DETERMINISTIC)
-        >>> result = VerifyResult(torch.tensor([[0, 1, -1]]), torch.tensor([1]), torch.tensor([9]))
+        >>> draft = Draft(tokens=torch.tensor([[5, 6]]), parents=torch.tensor([[-1, 0, 1]]),
+        ...               depths=torch.tensor([[0, 1, 2]]), draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
+        >>> result = VerifyResult(accepted_nodes=torch.tensor([[0, 1, -1]]), num_accepted=torch.tensor([1]),
+        ...                       next_tokens=torch.tensor([9]))
         >>> emitted_tokens(draft, result)[0].tolist()
         [[5, 9, -1]]
 
@@ -652,7 +793,8 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
     on_path = nodes > 0
     node_tokens = draft.tokens.gather(1, (nodes - 1).clamp_min(0)) if draft.tokens.shape[1] else nodes.clone()
     node_tokens = torch.where(on_path, node_tokens, torch.full_like(node_tokens, -1))
-    tokens = torch.cat([node_tokens, torch.full_like(node_tokens[:, :1], -1)], dim=1)
+    # The next token's column: built from the row count, not from node_tokens, which has no columns for D = 0.
+    tokens = torch.cat([node_tokens, node_tokens.new_full((node_tokens.shape[0], 1), -1)], dim=1)
     column = torch.arange(tokens.shape[1], device=tokens.device)[None]
     count = result.num_accepted[:, None]
     tokens = torch.where(column == count, result.next_tokens[:, None], tokens)

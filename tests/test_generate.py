@@ -8,6 +8,8 @@ import transformers
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.generate import generate
+from specdec.sampling import RandomSource
+from specdec.verify import verify_greedy
 from tiny_models import tiny_model
 from tiny_models import noisy_copy as _noisy_copy
 
@@ -226,3 +228,35 @@ def test_streamer_receives_the_prompt_then_exactly_the_emitted_tokens():
     assert rec.chunks[0] == ids[0].tolist() and rec.ended
     assert sum(rec.chunks[1:], []) == out.sequences[0, ids.shape[1]:].tolist()
     assert len(rec.chunks) - 1 < 11, "speculative steps stream several tokens at once"
+
+
+def test_a_user_verifier_is_called_like_every_verifier_and_only_on_steps_with_drafts():
+    model = tiny_model("llama")
+    ids, mask = _prompts(3)
+    calls = []
+
+    def recording(target_probs, draft, source, *, max_depth=None):
+        calls.append((target_probs, draft.num_nodes, max_depth, isinstance(source, RandomSource)))
+        return verify_greedy(target_probs, draft, source, max_depth=max_depth)
+
+    drafter = DraftModelDrafter(_noisy_copy(model, 0.3), num_drafts=3)
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, verifier=recording, max_new_tokens=14,
+                   schedule=[[1, 2, 3], [3, 8, 0]], eos_token_id=[])  # 3 active rows: K = 0, no verifier call
+    assert not calls and out.stats.tau == 1.0
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, verifier=recording, max_new_tokens=14)
+    assert torch.equal(out.sequences, generate(model, ids, attention_mask=mask, max_new_tokens=14).sequences)
+    assert 0 < len(calls) <= out.stats.num_steps  # the last step may be plain: K is cut by the budget
+    for probs, nodes, max_depth, has_source in calls:
+        # an unmarked verifier gets processed probabilities (one-hot when greedy), the step's K, a RandomSource
+        assert probs.shape[1] == nodes + 1 and torch.allclose(probs.sum(-1), torch.ones(()))
+        assert 1 <= max_depth <= 3 and has_source
+
+
+def test_profile_reports_the_phases_of_both_kinds_of_step():
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    out = generate(model, ids, attention_mask=mask, drafter=DraftModelDrafter(copy.deepcopy(model), 3),
+                   max_new_tokens=10, eos_token_id=[], profile=True)  # 1 + 4 + 4 tokens, then K = 0 for the last
+    assert min(map(min, out.stats.num_accepted_per_step)) == 0 and max(map(max, out.stats.num_accepted_per_step)) == 3
+    assert set(out.stats.phase_times) == {"draft", "target", "verify", "commit", "update"}
+    assert generate(model, ids, attention_mask=mask, max_new_tokens=4).stats.phase_times is None

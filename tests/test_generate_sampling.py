@@ -114,10 +114,10 @@ def test_sampled_law_of_first_tokens_equals_enumerated_target_law(drafter_name, 
     assert fit.p_value > ALPHA, f"{drafter_name} at {params_name}: {fit}"
 
 
-def _resample_from_p_instead_of_residual(target_probs, draft, source):
+def _resample_from_p_instead_of_residual(target_probs, draft, source, *, max_depth=None):
     """A known-wrong chain verifier: the next token is drawn from the target law at the last accepted node,
     also after a rejection (where the residual max(p - q, 0) is the right law)."""
-    result = verify_chain(target_probs, draft, source)
+    result = verify_chain(target_probs, draft, source, max_depth=max_depth)
     last = result.accepted_nodes.gather(1, result.num_accepted[:, None])[:, 0]
     p_last = target_probs[torch.arange(target_probs.shape[0]), last]
     return result._replace(next_tokens=source.categorical(p_last))

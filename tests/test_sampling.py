@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from specdec.sampling import (
+    PerRowSource,
     PredrawnNoise,
     RandomSource,
     TorchSource,
     as_source,
+    next_token,
     process_logits,
     sample,
 )
@@ -209,3 +211,28 @@ def test_as_source_accepts_generators_and_sources_and_refuses_none():
 def test_sample_draws_one_token_per_row():
     probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
     assert sample(probs, torch.Generator().manual_seed(0)).tolist() == [1, 2]
+
+
+# ---------------------------------------------------------------- per-row sources, the plain step's pick
+def test_per_row_source_answers_each_row_from_its_own_source():
+    weights = torch.rand(3, 4, 9, generator=torch.Generator().manual_seed(0))
+    probs = torch.rand(3, 5, generator=torch.Generator().manual_seed(1))
+    rows = PerRowSource([torch.Generator().manual_seed(10 + b) for b in range(3)])
+    got_c, got_b = rows.categorical(weights), rows.bernoulli(probs)
+    for b in range(3):
+        alone = TorchSource(torch.Generator().manual_seed(10 + b))
+        assert torch.equal(got_c[b], alone.categorical(weights[b]))
+        assert torch.equal(got_b[b], alone.bernoulli(probs[b]))
+    with pytest.raises(ValueError, match="first dimension must be the batch"):
+        rows.categorical(weights[:2])
+
+
+def test_next_token_is_the_argmax_when_greedy_and_a_draw_from_the_processed_law_otherwise():
+    logits = torch.randn(4, 11, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    assert torch.equal(next_token(logits, SamplingParams(), None), logits.float().argmax(-1))
+    params = SamplingParams(temperature=0.5, top_k=3)
+    drawn = next_token(logits, params, torch.Generator().manual_seed(4))
+    expected = TorchSource(torch.Generator().manual_seed(4)).categorical(process_logits(logits, params))
+    assert torch.equal(drawn, expected)
+    with pytest.raises(ValueError, match="generator"):
+        next_token(logits, params, None)

@@ -28,7 +28,7 @@ from specdec.testing import (
     total_variation,
 )
 from specdec.types import DraftScheme, VerifyResult
-from specdec.verify import verify_tree_iid
+from specdec.verify import verify_greedy, verify_tree_iid
 
 # ----------------------------------------------------------------------------------------------------------------
 # EnumeratingSource / exact_distribution
@@ -202,14 +202,34 @@ def test_target_law_is_the_product_of_conditionals():
 def test_speculative_law_exposes_a_wrong_verifier():
     target, drafter = ToyLM(3, 11), ToyLM(3, 12)
 
-    def accept_everything(target_probs, draft, source):  # never rejects: the draft's law leaks out
+    def accept_everything(target_probs, draft, source, *, max_depth=None):  # never rejects: the draft's law leaks
         nodes = torch.tensor([[0, 1]])
-        return VerifyResult(nodes, torch.tensor([1]), source.categorical(target_probs[:, 1]))
+        return VerifyResult(accepted_nodes=nodes, num_accepted=torch.tensor([1]),
+                            next_tokens=source.categorical(target_probs[:, 1]))
 
     law = speculative_law(target, drafter, 1, draft_iid, accept_everything, 2)
     assert total_variation(law, target_law(target, 2)) > 0.05
     right = speculative_law(target, drafter, 1, draft_iid, verify_tree_iid, 3, max_steps=None)
     assert total_variation(right, target_law(target, 3)) < 1e-12
+
+
+@pytest.mark.parametrize("rule, verifier", [(draft_iid, verify_tree_iid), (draft_top_k, verify_greedy)])
+def test_speculative_law_without_drafts_is_the_target_law(rule, verifier):
+    """tree=0: every step emits the next token alone (it once recursed without end: the token was dropped)."""
+    target, drafter = ToyLM(3, 21, top_k=0 if verifier is verify_tree_iid else 1), ToyLM(3, 22)
+    law = speculative_law(target, drafter, 0, rule, verifier, 3, max_steps=None)
+    assert total_variation(law, target_law(target, 3)) < 1e-12
+
+
+def test_speculative_law_refuses_a_step_that_emits_nothing():
+    target, drafter = ToyLM(3, 11), ToyLM(3, 12)
+
+    def emits_nothing(target_probs, draft, source, *, max_depth=None):
+        return VerifyResult(accepted_nodes=torch.tensor([[0]]), num_accepted=torch.tensor([0]),
+                            next_tokens=torch.tensor([-1]))
+
+    with pytest.raises(ValueError, match="every step must emit"):
+        speculative_law(target, drafter, 0, draft_iid, emits_nothing, 2)
 
 
 def test_total_variation_of_dicts_and_tensors():

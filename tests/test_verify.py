@@ -32,6 +32,8 @@ from specdec.testing import (
 )
 from specdec.types import Draft, DraftScheme, SamplingParams, VerifyResult
 from specdec.verify import (
+    Verifier,
+    as_verifier,
     check_draft,
     emitted_tokens,
     select_verifier,
@@ -41,6 +43,7 @@ from specdec.verify import (
     verify_tree_iid,
     verify_tree_without_replacement,
     verify_typical,
+    verifier_input,
 )
 
 DET, IID, WOR = DraftScheme.DETERMINISTIC, DraftScheme.IID, DraftScheme.WITHOUT_REPLACEMENT
@@ -76,7 +79,7 @@ def toy(kind: str, vocab: int, seed: int) -> ToyLM:
     }[kind]()
 
 
-def reference_verify(target_probs, draft, source, *, scheme, bug=None) -> VerifyResult:
+def reference_verify(target_probs, draft, source, *, scheme, bug=None, max_depth=None) -> VerifyResult:
     """One row at a time, one sibling at a time: the tree walk as the papers state it.
 
     ``bug`` plants a known mistake: ``"resample_from_p"`` draws the token after a rejection from the node's
@@ -84,7 +87,7 @@ def reference_verify(target_probs, draft, source, *, scheme, bug=None) -> Verify
     remove the rejected sibling).
     """
     batch, width, vocab = target_probs.shape
-    depth = draft.max_depth
+    depth = draft.max_depth if max_depth is None else max_depth
     paths, counts, nexts = [], [], []
     for b in range(batch):
         parents = draft.parents[b].tolist()
@@ -120,12 +123,14 @@ def reference_verify(target_probs, draft, source, *, scheme, bug=None) -> Verify
             node = parents[node]
         counts.append(len(path) - 1)
         paths.append(path[::-1] + [-1] * (depth + 1 - len(path)))
-    return VerifyResult(torch.tensor(paths), torch.tensor(counts), torch.tensor(nexts))
+    return VerifyResult(accepted_nodes=torch.tensor(paths), num_accepted=torch.tensor(counts),
+                        next_tokens=torch.tensor(nexts))
 
 
 def relabel(verifier: Callable, scheme: DraftScheme) -> Callable:
     """A verifier applied to drafts it was not made for (the draft claims another scheme)."""
-    return lambda target_probs, draft, source: verifier(target_probs, draft._replace(scheme=scheme), source)
+    return lambda target_probs, draft, source, *, max_depth=None: verifier(
+        target_probs, draft._replace(scheme=scheme), source, max_depth=max_depth)
 
 
 def draft_top_k_with_softmax(draft_model, prefix, parents, source, batch_size=1):
@@ -140,12 +145,14 @@ def _draft_softmax(draft_model, prefix, draft):
 
 
 # The four mutants of the negative controls (each a small, plausible mistake).
-def mutant_resample_from_p(target_probs, draft, source):
-    return reference_verify(target_probs, draft, source, scheme=draft.scheme, bug="resample_from_p")
+def mutant_resample_from_p(target_probs, draft, source, *, max_depth=None):
+    return reference_verify(target_probs, draft, source, scheme=draft.scheme, bug="resample_from_p",
+                            max_depth=max_depth)
 
 
-def mutant_keep_rejected_sibling(target_probs, draft, source):
-    return reference_verify(target_probs, draft, source, scheme=draft.scheme, bug="keep_rejected")
+def mutant_keep_rejected_sibling(target_probs, draft, source, *, max_depth=None):
+    return reference_verify(target_probs, draft, source, scheme=draft.scheme, bug="keep_rejected",
+                            max_depth=max_depth)
 
 
 mutant_wor_with_fixed_q = relabel(verify_tree_iid, IID)  # q not renormalised after removing siblings
@@ -327,9 +334,12 @@ def test_reference_oracle_agrees_with_library_verifiers():
     # The readable per-row walk (the mutants' base) is itself exact: the mutants differ from it by one bug only.
     picks = [("verify_tree_deterministic", "2x2"), ("verify_tree_iid", "3-1"),
              ("verify_tree_without_replacement", "3-1"), ("verify_chain", "chain3")]
+
+    def oracle(t, d, s, *, max_depth=None):
+        return reference_verify(t, d, s, scheme=d.scheme, max_depth=max_depth)
+
     for name, shape in picks:
         case = next(c for c in CASES if c.verifier.__name__ == name and c.shape == shape)
-        oracle = lambda t, d, s: reference_verify(t, d, s, scheme=d.scheme)  # noqa: E731
         assert enumeration_tv(case, verifier=oracle) < 1e-9
 
 
@@ -357,7 +367,7 @@ def test_negative_control_mutant_is_caught_by_enumeration(name):
 def test_typical_acceptance_is_marked_lossy_and_is_biased():
     assert verify_typical.lossless is False and verify_typical.exact_for == frozenset()
     case = Case(verify_typical, DET, "2x2", 4, "flat", "other", 5)
-    assert enumeration_tv(case, verifier=lambda t, d, s: verify_typical(t, d, s)) > 1e-3
+    assert enumeration_tv(case, verifier=verify_typical) > 1e-3
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -381,9 +391,9 @@ def _first_two_tokens(target, drafter, parents, rule, verifier, seed):
     return {(a, b): int(pairs[a * MC_VOCAB + b]) for a in range(MC_VOCAB) for b in range(MC_VOCAB)}
 
 
-def mutant_chain_resample_from_p(target_probs, draft, source):
+def mutant_chain_resample_from_p(target_probs, draft, source, *, max_depth=None):
     """Vectorised bug A for chains: after a rejection draw the next token from p, not from the residual."""
-    result = verify_chain(target_probs, draft, source)
+    result = verify_chain(target_probs, draft, source, max_depth=max_depth)
     rows = torch.arange(target_probs.shape[0])
     fresh = source.categorical(target_probs[rows, result.num_accepted])
     rejected = result.num_accepted < (draft.parents[:, 1:] >= 0).sum(-1)
@@ -436,7 +446,8 @@ def _random_tree_draft(seed: int, batch: int, nodes: int, vocab: int, scheme=DET
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(vocab, (batch, nodes), generator=gen)
     probs = None if scheme == DET else torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), -1)
-    return Draft(tokens, torch.tensor(parents), torch.tensor(depths), probs, scheme)
+    return Draft(tokens=tokens, parents=torch.tensor(parents), depths=torch.tensor(depths), draft_probs=probs,
+                 scheme=scheme)
 
 
 def _argmax_chain(target: ToyLM, prefix, length):
@@ -484,7 +495,8 @@ def _matches_chain(draft, probs, b, node):
 def test_greedy_ties_go_to_lowest_id_and_smallest_index():
     logits = torch.zeros(1, 3, 4)
     logits[0, 0] = torch.tensor([1.0, 5.0, 5.0, 0.0])  # argmax at the root: token 1 (tie with 2)
-    draft = Draft(torch.tensor([[1, 1]]), torch.tensor([[-1, 0, 0]]), torch.tensor([[0, 1, 1]]), None, DET)
+    draft = Draft(tokens=torch.tensor([[1, 1]]), parents=torch.tensor([[-1, 0, 0]]), depths=torch.tensor([[0, 1, 1]]),
+                  draft_probs=None, scheme=DET)
     result = verify_greedy(logits, draft)
     assert result.accepted_nodes.tolist() == [[0, 1]] and result.num_accepted.tolist() == [1]
     assert result.next_tokens.tolist() == [0]  # all-zero logits at node 1: lowest id
@@ -532,7 +544,8 @@ def test_recovered_token_lies_in_residual_support():
     depths = torch.arange(k + 1).expand(batch, -1)
     rows = torch.arange(batch)
     for scheme in (IID, DET):
-        draft = Draft(tokens, parents, depths, draft_probs if scheme == IID else None, scheme)
+        draft = Draft(tokens=tokens, parents=parents, depths=depths,
+                      draft_probs=draft_probs if scheme == IID else None, scheme=scheme)
         result = verify_chain(target_probs, draft, source)
         rejected = result.num_accepted < k
         n = result.num_accepted[rejected]
@@ -546,8 +559,9 @@ def test_recovered_token_lies_in_residual_support():
             assert bool((nxt != x).all()) and bool((p[torch.arange(len(n)), nxt] > 0).all())
         assert int(rejected.sum()) > 1000  # the check saw many rejections
     # Trees of top-k drafts: the token after rejecting every child is none of the rejected children.
-    draft = Draft(torch.tensor([[0, 1, 2]]).expand(batch, -1), torch.tensor([[-1, 0, 0, 0]]).expand(batch, -1),
-                  torch.tensor([[0, 1, 1, 1]]).expand(batch, -1), None, DET)
+    draft = Draft(tokens=torch.tensor([[0, 1, 2]]).expand(batch, -1),
+                  parents=torch.tensor([[-1, 0, 0, 0]]).expand(batch, -1),
+                  depths=torch.tensor([[0, 1, 1, 1]]).expand(batch, -1), draft_probs=None, scheme=DET)
     result = verify_tree_deterministic(target_probs, draft, source)
     assert bool((result.next_tokens[result.num_accepted == 0] > 2).all())
 
@@ -623,7 +637,8 @@ def test_one_hot_target_accepts_exactly_the_matching_prefix():
     for verifier, scheme in [(verify_chain, IID), (verify_chain, DET), (verify_tree_iid, IID),
                              (verify_tree_deterministic, DET), (verify_tree_without_replacement, WOR),
                              (verify_greedy, DET)]:
-        draft = Draft(tokens, parents, depths, None if scheme == DET else q, scheme)
+        draft = Draft(tokens=tokens, parents=parents, depths=depths, draft_probs=None if scheme == DET else q,
+                      scheme=scheme)
         result = verifier(target_probs, draft, torch.Generator().manual_seed(0))
         emitted, count = emitted_tokens(draft, result)
         assert emitted.tolist() == [[3, 1, 4, -1, -1]] and count.tolist() == [3], verifier.__name__
@@ -652,9 +667,10 @@ def test_select_verifier_picks_the_exact_verifier_for_each_scheme():
 
 
 def test_emitted_tokens_layout_and_counts():
-    draft = Draft(torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, -1]]),
-                  torch.tensor([[0, 1, 1, 2], [0, 1, 0, 0]]), None, DET)
-    result = VerifyResult(torch.tensor([[0, 1, 3], [0, -1, -1]]), torch.tensor([2, 0]), torch.tensor([4, 2]))
+    draft = Draft(tokens=torch.tensor([[5, 6, 7], [8, 9, 0]]), parents=torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, -1]]),
+                  depths=torch.tensor([[0, 1, 1, 2], [0, 1, 0, 0]]), draft_probs=None, scheme=DET)
+    result = VerifyResult(accepted_nodes=torch.tensor([[0, 1, 3], [0, -1, -1]]), num_accepted=torch.tensor([2, 0]),
+                          next_tokens=torch.tensor([4, 2]))
     tokens, counts = emitted_tokens(draft, result)
     assert tokens.tolist() == [[5, 7, 4], [2, -1, -1]] and counts.tolist() == [3, 1]
 
@@ -675,16 +691,64 @@ def test_result_layout_padding_and_root_column():
 
 def test_empty_drafts_sample_from_the_root_distribution():
     target_probs = torch.tensor([[[0.0, 0.0, 1.0]]]).expand(3, 1, 3)
-    draft = Draft(torch.zeros(3, 0, dtype=torch.long), torch.full((3, 1), -1), torch.zeros(3, 1, dtype=torch.long),
-                  torch.zeros(3, 0, 3), IID)
+    draft = Draft(tokens=torch.zeros(3, 0, dtype=torch.long), parents=torch.full((3, 1), -1),
+                  depths=torch.zeros(3, 1, dtype=torch.long), draft_probs=torch.zeros(3, 0, 3), scheme=IID)
     for verifier in [verify_chain, verify_tree_iid, verify_greedy]:
         result = verifier(target_probs, draft, torch.Generator().manual_seed(0))
         assert result.next_tokens.tolist() == [2, 2, 2] and result.num_accepted.tolist() == [0, 0, 0]
         assert result.accepted_nodes.tolist() == [[0], [0], [0]]
 
 
+@pytest.mark.parametrize("max_depth", [0, 2])
+def test_a_draft_without_nodes_emits_the_next_token(max_depth):
+    """emitted_tokens once dropped the next token when the draft had no nodes (then speculative_law never ended)."""
+    target_probs = torch.softmax(torch.randn(3, 1, 7, generator=torch.Generator().manual_seed(1)), -1)
+    empty = Draft(tokens=torch.zeros(3, 0, dtype=torch.long), parents=torch.full((3, 1), -1),
+                  depths=torch.zeros(3, 1, dtype=torch.long), draft_probs=torch.zeros(3, 0, 7), scheme=IID)
+    for verifier in LOSSLESS:
+        scheme = IID if IID in verifier.exact_for else next(iter(verifier.exact_for))
+        draft = empty._replace(scheme=scheme, draft_probs=None if scheme == DET else empty.draft_probs)
+        result = verifier(target_probs, draft, torch.Generator().manual_seed(0), max_depth=max_depth)
+        tokens, counts = emitted_tokens(draft, result)
+        assert tokens.shape == (3, max_depth + 1) and counts.tolist() == [1, 1, 1]
+        assert torch.equal(tokens[:, 0], result.next_tokens) and bool((tokens[:, 1:] == -1).all())
+
+
+@pytest.mark.parametrize("bad_id", [-1, 7])
+def test_a_token_id_outside_the_vocabulary_at_a_present_node_is_a_named_error(bad_id):
+    V = 7
+    target_probs = torch.full((2, 3, V), 1.0 / V)
+    tokens = torch.tensor([[1, 2], [3, bad_id]])
+    probs = torch.full((2, 2, V), 1.0 / V)
+    for verifier, scheme in [(verify_greedy, DET), (verify_chain, IID), (verify_tree_deterministic, DET),
+                             (verify_tree_iid, IID), (verify_tree_without_replacement, WOR), (verify_typical, DET)]:
+        draft = Draft(tokens=tokens, parents=torch.tensor([[-1, 0, 1]] * 2), depths=torch.tensor([[0, 1, 2]] * 2),
+                      draft_probs=None if scheme == DET else probs, scheme=scheme)
+        with pytest.raises(ValueError, match=rf"row 1, node 2 holds token id {bad_id}, outside the vocabulary \[0, 7"):
+            verifier(target_probs, draft, torch.Generator().manual_seed(0), max_depth=2)
+        absent = draft._replace(parents=torch.tensor([[-1, 0, 1], [-1, 0, -1]]),
+                                depths=torch.tensor([[0, 1, 2], [0, 1, 0]]))
+        verifier(target_probs, absent, torch.Generator().manual_seed(0), max_depth=2)  # an absent node may hold -1
+
+
+def test_every_verifier_follows_the_one_calling_convention():
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(2))
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=0.7, top_k=3)
+    for verifier in LOSSLESS + [verify_typical]:
+        assert isinstance(verifier, Verifier)
+        assert verifier.takes_logits == (verifier is verify_greedy)
+    assert verifier_input(verify_greedy, logits, sampled) is logits  # argmax only: raw logits, no copy
+    torch.testing.assert_close(verifier_input(verify_chain, logits, sampled), process_logits(logits, sampled))
+
+    def user_verifier(target_probs, draft, source, *, max_depth=None):  # unmarked: gets probabilities
+        return verify_greedy(target_probs, draft, source, max_depth=max_depth)
+
+    torch.testing.assert_close(verifier_input(user_verifier, logits, greedy), process_logits(logits, greedy))
+
+
 def test_bad_inputs_raise_errors_that_name_the_problem():
-    draft = Draft(torch.tensor([[1]]), torch.tensor([[-1, 0]]), torch.tensor([[0, 1]]), torch.full((1, 1, 5), 0.2), IID)
+    draft = Draft(tokens=torch.tensor([[1]]), parents=torch.tensor([[-1, 0]]), depths=torch.tensor([[0, 1]]),
+                  draft_probs=torch.full((1, 1, 5), 0.2), scheme=IID)
     with pytest.raises(ValueError, match="share one vocabulary"):
         verify_tree_iid(torch.full((1, 2, 6), 1 / 6), draft, torch.Generator())
     with pytest.raises(ValueError, match=r"\[B, N \+ 1, V\]"):
@@ -696,11 +760,13 @@ def test_bad_inputs_raise_errors_that_name_the_problem():
     with pytest.raises(ValueError, match="needs randomness"):
         verify_chain(torch.full((1, 2, 5), 0.2), draft, None)
     with pytest.raises(ValueError, match="parent 2 must come before"):
-        check_draft(Draft(torch.tensor([[1, 2]]), torch.tensor([[-1, 2, 0]]), torch.tensor([[0, 1, 1]]), None, DET))
+        check_draft(Draft(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([[-1, 2, 0]]),
+                          depths=torch.tensor([[0, 1, 1]]), draft_probs=None, scheme=DET))
     with pytest.raises(ValueError, match="outside"):
         check_draft(draft, vocab_size=1)
     with pytest.raises(ValueError, match="not a chain"):
-        check_draft(Draft(torch.tensor([[1, 2]]), torch.tensor([[-1, 0, 0]]), torch.tensor([[0, 1, 1]]), None, DET),
+        check_draft(Draft(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([[-1, 0, 0]]),
+                          depths=torch.tensor([[0, 1, 1]]), draft_probs=None, scheme=DET),
                     chain=True)
 
 
@@ -711,11 +777,24 @@ def test_verify_greedy_without_drafts_equals_the_general_path(max_depth):
     B, V = 3, 11
     logits = torch.randn(B, 2, V, generator=g)
     z = torch.zeros(B, 1, dtype=torch.long)
-    empty = Draft(z[:, :0], z - 1, z, None, DraftScheme.DETERMINISTIC)
-    absent = Draft(z.clone(), torch.full((B, 2), -1), torch.zeros(B, 2, dtype=torch.long), None,
-                   DraftScheme.DETERMINISTIC)
+    empty = Draft(tokens=z[:, :0], parents=z - 1, depths=z, draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
+    absent = Draft(tokens=z.clone(), parents=torch.full((B, 2), -1), depths=torch.zeros(B, 2, dtype=torch.long),
+                   draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
     fast = verify_greedy(logits[:, :1], empty, max_depth=max_depth)
     general = verify_greedy(logits, absent, max_depth=max_depth)
     for a, b in zip(fast, general):
         assert torch.equal(a, b)
     assert torch.equal(fast.next_tokens, logits[:, 0].argmax(-1))
+
+
+def test_as_verifier_calls_functions_of_the_earlier_conventions_the_one_way():
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(3))
+    draft = Draft(tokens=torch.tensor([[1, 2], [3, 4]]), parents=torch.tensor([[-1, 0, 1]] * 2),
+                  depths=torch.tensor([[0, 1, 2]] * 2), draft_probs=None, scheme=DET)
+    want = verify_greedy(logits, draft, max_depth=2)
+    assert as_verifier(verify_greedy) is verify_greedy
+    for legacy in [lambda t, d, s: verify_greedy(t, d), lambda t, d: verify_greedy(t, d)]:
+        got = as_verifier(legacy)(logits, draft, None, max_depth=2)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(TypeError, match="max_depth=D"):
+        as_verifier(lambda t: t)

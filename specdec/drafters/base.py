@@ -1,9 +1,12 @@
 """The drafter contract: a stateful block whose state goes in and comes out explicitly.
 
-A drafter is any object with the attributes and three methods of :class:`Drafter`. ``generate()`` calls
-``start`` once after the prompt's target pass, then per step ``propose`` (before the target verifies) and
-``update`` (after it). Drafters never touch the target model; what they need from it arrives as
-:class:`Feedback`.
+A drafter is any object with the attributes and three methods of :class:`Drafter`. ``generate()`` (through
+:func:`specdec.step.step`) calls ``start`` once after the prompt's target pass, then per step ``propose``
+(before the target verifies) and ``update`` (after it; also after a plain step, K = 0, which proposes nothing).
+Drafters never touch the target model; what they need from it arrives as :class:`Feedback`.
+
+The contracts are NamedTuples; build them by keyword (``Feedback(tokens=..., next_tokens=..., ...)``), so that a
+new field never shifts the meaning of a positional argument.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ class Feedback(NamedTuple):
     Attributes:
         tokens: Shape ``[B, M]`` int64, the committed tokens the target just processed.
         next_tokens: Shape ``[B, M]`` int64, the token that follows each entry in the sequence (``tokens``
-            shifted left by one; the last valid entry of a row is followed by the new root).
+            shifted left by one; the last valid entry of a row is followed by the new root). Invalid entries
+            of ``tokens`` and ``next_tokens`` hold some valid id (never ``-1``).
         positions: Shape ``[B, M]`` int64, position ids of ``tokens`` (0 = first real prompt token).
         valid: Shape ``[B, M]`` bool, which entries are real.
         features: one tensor of shape ``[B, M, H]`` per layer in the drafter's ``feature_layers``: the
@@ -61,6 +65,9 @@ class ProposeRequest(NamedTuple):
             same source the verifier draws from, so pre-drawn noise can drive a whole step. Drafters never use
             the global RNG.
         active: Shape ``[B]`` bool, rows still generating (a drafter may skip work for finished rows).
+        vocab_size: ``V``, the target's vocabulary (the width of its logits): draft token ids must lie in
+            ``[0, V)`` and ``draft_probs`` have ``V`` columns. A draft model whose embedding is padded past the
+            target's masks its extra rows out. ``None``: not given (the drafter's own vocabulary is the target's).
     """
 
     roots: torch.Tensor
@@ -69,6 +76,7 @@ class ProposeRequest(NamedTuple):
     sampling: SamplingParams
     source: RandomSource | None
     active: torch.Tensor
+    vocab_size: int | None = None
 
 
 @runtime_checkable
@@ -78,6 +86,10 @@ class Drafter(Protocol):
     Attributes:
         max_num_drafts: the largest ``K`` this drafter accepts (a schedule asking for more is refused).
         feature_layers: target hidden-state layers the drafter needs in :class:`Feedback` (empty for none).
+
+    A drafter may also have ``vocab_size`` (the rows of its output vocabulary), which ``generate()`` checks
+    against the target's, and its state may have ``num_forwards`` (forwards of its network so far), which
+    :class:`~specdec.stats.GenerationStats` reports.
     """
 
     max_num_drafts: int

@@ -8,6 +8,7 @@ References:
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -41,6 +42,16 @@ def left_compact(values: torch.Tensor, keep: torch.Tensor, fill: int = -1) -> tu
     return out.masked_fill(ar >= counts[:, None], fill), counts
 
 
+def _to_vocab(logits: torch.Tensor, vocab: int | None) -> torch.Tensor:
+    """The draft's logits over the target's ``V`` ids: rows past ``V`` (a padded embedding) dropped, missing ids
+    scored ``-inf`` (never proposed, probability 0)."""
+    if vocab is None or logits.shape[-1] == vocab:
+        return logits
+    if logits.shape[-1] > vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=-math.inf)
+
+
 class DraftModelState(NamedTuple):
     """State of :class:`DraftModelDrafter`.
 
@@ -64,8 +75,11 @@ class DraftModelDrafter:
     """Draft with an independent HF causal LM, one draft forward per tree level.
 
     Args:
-        model: the draft model (same vocabulary as the target; ``sdpa`` or ``eager`` attention).
-        num_drafts: the largest K (chain length, or depth bound of ``tree``).
+        model: the draft model (same tokenizer as the target; ``sdpa`` or ``eager`` attention). Its embedding may
+            be padded past the target's vocabulary: those rows are masked out of its logits, so it never
+            proposes an id the target does not have.
+        num_drafts: the largest K (chain length, or depth bound of ``tree``); default: the tree's depth, or 4
+            for a chain. A K deeper than ``tree`` is refused (specdec refuses rather than clamps).
         tree: tree choices or a compiled :class:`~specdec.trees.Tree`; ``None`` drafts a chain of K tokens.
         mode: ``"topk"`` (deterministic: each node's children are its top-ranked tokens; verified target-only),
             ``"sample"`` (children sampled without replacement — a chain is then plain sampling; verified by
@@ -76,17 +90,23 @@ class DraftModelDrafter:
     that is exact for it.
     """
 
-    def __init__(self, model, num_drafts: int = 4, tree: Tree | list | str | None = None, mode: str = "auto"):
+    def __init__(self, model, num_drafts: int | None = None, tree: Tree | list | str | None = None,
+                 mode: str = "auto"):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         if tree is not None and not isinstance(tree, Tree):
             tree = compile_tree(tree)
+        if num_drafts is None:
+            num_drafts = tree.max_depth if tree is not None else 4
         if num_drafts < 1:
             raise ValueError(f"num_drafts must be >= 1, got {num_drafts}.")
         if tree is not None and num_drafts > tree.max_depth:
-            num_drafts = tree.max_depth
+            raise ValueError(
+                f"num_drafts={num_drafts} is deeper than the tree, which has {tree.max_depth} levels: pass "
+                f"num_drafts <= {tree.max_depth} (or leave it out to use the tree's depth), or a deeper tree. specdec "
+                f"refuses rather than clamps, so that the K you asked for is the K you get.")
         self.model = model
-        self.adapter = ModelAdapter(model)
+        self.adapter = ModelAdapter(model, role="draft model")
         self.tree = tree
         self.mode = mode
         self.max_num_drafts = num_drafts
@@ -121,8 +141,8 @@ class DraftModelDrafter:
     def start(self, feedback: Feedback) -> DraftModelState:
         """Run the prompt through the draft model; the first root becomes pending."""
         _, cache = self.adapter.prefill(feedback.tokens, feedback.valid)
-        roots = feedback.roots[:, None]
-        return DraftModelState(cache, roots, torch.ones_like(feedback.roots), None, 1)
+        return DraftModelState(cache=cache, pending_tokens=feedback.roots[:, None],
+                               pending_counts=torch.ones_like(feedback.roots), node_slots=None, num_forwards=1)
 
     def propose(self, state: DraftModelState, request: ProposeRequest) -> tuple[Draft, DraftModelState]:
         """Draft a tree (or chain) of depth ``request.num_drafts`` level by level."""
@@ -153,7 +173,8 @@ class DraftModelDrafter:
         forwards = 1
         root_slot = state.pending_counts - 1
         node_slots[:, 0] = root_slot
-        logits = out.logits.gather(1, root_slot[:, None, None].expand(-1, 1, out.logits.shape[-1]))
+        vocab = request.vocab_size
+        logits = _to_vocab(out.logits.gather(1, root_slot[:, None, None].expand(-1, 1, out.logits.shape[-1])), vocab)
         root_pos = cache.lengths + root_slot
         num_slots = P0
         for level, (lvl, parent_pos, lvl_ranks, n_child, to_run) in enumerate(plan, start=1):
@@ -172,7 +193,7 @@ class DraftModelDrafter:
             forwards += 1
             node_slots[:, run] = num_slots + torch.arange(run.numel(), device=device)[None, :]
             num_slots += run.numel()
-            logits = out.logits
+            logits = _to_vocab(out.logits, vocab)
         draft_q = torch.cat(qs_per_level, 1) if keep_q else None
         parents, depths = tree.parents, tree.depths  # already on the device (see _plan)
 

@@ -47,7 +47,7 @@ def _append(state: PromptLookupState, tokens: torch.Tensor, valid: torch.Tensor)
     dest = lengths[:, None] + valid.long().cumsum(dim=1) - 1
     dest = torch.where(valid, dest, torch.full_like(dest, capacity))
     out.scatter_(1, dest, tokens.to(out.dtype))
-    return PromptLookupState(out[:, :capacity], new_lengths)
+    return PromptLookupState(history=out[:, :capacity], lengths=new_lengths)
 
 
 def find_ngram_continuations(
@@ -225,8 +225,8 @@ class PromptLookupDrafter:
         """
         batch = feedback.tokens.shape[0]
         empty = PromptLookupState(
-            feedback.tokens.new_zeros((batch, 0), dtype=torch.long),
-            torch.zeros(batch, dtype=torch.long, device=feedback.tokens.device),
+            history=feedback.tokens.new_zeros((batch, 0), dtype=torch.long),
+            lengths=torch.zeros(batch, dtype=torch.long, device=feedback.tokens.device),
         )
         return _append(empty, feedback.tokens, feedback.valid)
 

@@ -1,0 +1,161 @@
+"""Statistics of one ``generate()`` call: :class:`GenerationStats` and the small recorder that builds it.
+
+Per-depth counts stay on the device (added without a host sync each step, read once at the end); everything else
+is counted from the host copies a step already made.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+from .types import Draft, VerifyResult
+
+__all__ = ["GenerationStats", "StatsRecorder", "PhaseClock", "synchronize"]
+
+
+class GenerationStats(NamedTuple):
+    """Measured statistics of one ``generate()`` call.
+
+    Attributes:
+        num_new_tokens: tokens emitted, summed over rows (after EOS / stop / budget truncation).
+        num_target_forwards: target forwards including the prompt's (prefill) pass.
+        num_steps: decoding steps (verification forwards) = ``num_target_forwards - 1``.
+        num_draft_forwards: forwards of the drafter's network (0 for model-free drafters).
+        tau: mean tokens emitted per verification forward and active row, next token included (the
+            "mean acceptance length" of the EAGLE and Medusa tables).
+        acceptance_per_depth: for d = 1..D, the fraction of (row, step) pairs with a draft at depth d in
+            which a depth-d draft was accepted.
+        num_accepted_per_step: per step, the accepted drafts of each active row (lists of ints).
+        wall_time: seconds from the start of the prefill to the end of the loop (device synchronised).
+        prefill_time: seconds of the prompt's pass (synchronised).
+        depth_tries: per depth d, (row, step) pairs that drafted depth d.
+        depth_hits: per depth d, (row, step) pairs that accepted a depth-d draft.
+        phase_times: with ``profile=True``, synchronised seconds spent per phase of the step
+            (``draft``, ``target``, ``verify``, ``commit``, ``update``); else ``None``.
+    """
+
+    num_new_tokens: int
+    num_target_forwards: int
+    num_steps: int
+    num_draft_forwards: int
+    tau: float
+    acceptance_per_depth: tuple[float, ...]
+    num_accepted_per_step: list
+    wall_time: float
+    prefill_time: float
+    depth_tries: tuple[int, ...] = ()
+    depth_hits: tuple[int, ...] = ()
+    phase_times: dict | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of wall time."""
+        return self.num_new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (CUDA only; a no-op elsewhere), for honest wall-clock times."""
+    if isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseClock:
+    """Synchronised per-phase timer of the step: call it with a phase name at the end of each phase.
+
+    Args:
+        device: the device to synchronise before each reading (adds host syncs: for measurement only).
+
+    Attributes:
+        totals: seconds per phase name, summed over steps.
+    """
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.totals: dict[str, float] = {}
+        self._t = 0.0
+
+    def start(self) -> None:
+        """Begin a step."""
+        synchronize(self.device)
+        self._t = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        """End ``phase``: add the time since the previous reading."""
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.totals[phase] = self.totals.get(phase, 0.0) + now - self._t
+        self._t = now
+
+
+class StatsRecorder:
+    """Builds :class:`GenerationStats` step by step.
+
+    Args:
+        max_depth: the deepest draft any step may verify (the drafter's ``max_num_drafts``; 0 without drafter).
+        device: where the per-depth counters live.
+        profile: time the phases of every step (synchronising between them).
+    """
+
+    def __init__(self, max_depth: int, device, *, profile: bool = False) -> None:
+        self.device = device
+        self.clock = PhaseClock(device) if profile else None
+        self.tries = torch.zeros(max_depth, dtype=torch.long, device=device)
+        self.hits = torch.zeros(max_depth, dtype=torch.long, device=device)
+        self.accepted: list[list[int]] = []
+        self.emitted = self.row_steps = 0
+        self.t0 = self.prefill_time = 0.0
+
+    def start(self) -> None:
+        """The call begins (before the prefill)."""
+        synchronize(self.device)
+        self.t0 = time.perf_counter()
+
+    def prefilled(self) -> None:
+        """The prompt's pass is done."""
+        synchronize(self.device)
+        self.prefill_time = time.perf_counter() - self.t0
+
+    def record(self, emitted: list[list[int]], active: list[bool], draft: Draft | None,
+               result: VerifyResult | None, active_mask: torch.Tensor | None) -> None:
+        """Count one step.
+
+        Args:
+            emitted: per row, the tokens the step emitted (before the rows' stopping rules).
+            active: per row, whether it was active during the step.
+            draft: the verified draft (``None`` for a plain step).
+            result: the verifier's result (``None`` for a plain step).
+            active_mask: Shape ``[B]`` bool, ``active`` on the device (for the per-depth counters).
+        """
+        counts = [len(e) for e, on in zip(emitted, active) if on]
+        self.accepted.append([c - 1 for c in counts])
+        self.emitted += sum(counts)
+        self.row_steps += len(counts)
+        if draft is not None and draft.num_nodes and self.tries.numel():
+            # Stays on the device (no host sync); read once at the end.
+            drafted_depth = draft.depths.masked_fill(draft.parents < 0, 0).amax(1)  # [B]
+            d = torch.arange(1, self.tries.numel() + 1, device=self.tries.device)[None, :]
+            self.tries += ((drafted_depth[:, None] >= d) & active_mask[:, None]).sum(0)
+            self.hits += ((result.num_accepted[:, None] >= d) & active_mask[:, None]).sum(0)
+
+    def finish(self, num_new_tokens: int, drafter_state) -> GenerationStats:
+        """The call ends: synchronise, read the counters (the one sync they need) and build the stats."""
+        synchronize(self.device)
+        wall = time.perf_counter() - self.t0
+        tries, hits = self.tries.tolist(), self.hits.tolist()
+        steps = len(self.accepted)
+        return GenerationStats(
+            num_new_tokens=num_new_tokens,
+            num_target_forwards=steps + 1,
+            num_steps=steps,
+            num_draft_forwards=int(getattr(drafter_state, "num_forwards", 0) or 0),
+            tau=self.emitted / self.row_steps if self.row_steps else float("nan"),
+            acceptance_per_depth=tuple(h / t for h, t in zip(hits, tries) if t),
+            num_accepted_per_step=self.accepted,
+            wall_time=wall,
+            prefill_time=self.prefill_time,
+            depth_tries=tuple(tries),
+            depth_hits=tuple(hits),
+            phase_times=dict(self.clock.totals) if self.clock is not None else None,
+        )

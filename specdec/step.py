@@ -1,0 +1,253 @@
+"""One decoding step as a function: typed inputs in, typed outputs out (DESIGN.md, "One decoding step, as data").
+
+``generate()`` is a loop around :func:`step`; the same two functions drive decoding by hand, e.g. in a notebook::
+
+    adapter = ModelAdapter(model, drafter.feature_layers)
+    out = prefill(adapter, input_ids, attention_mask, drafter=drafter, sampling=SamplingParams())
+    for _ in range(8):
+        out = step(adapter, out.state, drafter=drafter, num_drafts=4, sampling=SamplingParams())
+        print(out.emitted)                      # per row: the accepted drafts, then the next token
+
+A step with drafts runs the tree path: propose, one target forward over ``[root] + drafts`` under the tree mask,
+verify, keep the accepted path in the cache, tell the drafter. A step without drafts (``num_drafts=0``, no
+drafter, or a drafter that proposed nothing) is HF's own one-token decode: one forward of the root on the cache
+with the mask HF would build, the argmax (or a draw), and the token stays in the cache; no tree mask, no verifier,
+no compaction.
+
+A step *consumes* its input state (the KV caches are updated in place, see :class:`~specdec.adapter.CacheState`):
+continue from ``out.state``. Randomness comes from one :class:`~specdec.sampling.RandomSource`, which drives the
+drafter and the verifier alike, so pre-drawn noise (:class:`~specdec.sampling.PredrawnNoise`) replays a whole step.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from .adapter import CacheState, ModelAdapter
+from .drafters.base import Drafter, Feedback, ProposeRequest
+from .sampling import RandomSource, as_source, next_token
+from .types import Draft, SamplingParams, VerifyResult
+from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
+
+__all__ = ["DecodeState", "StepOutput", "prefill", "step"]
+
+GREEDY = SamplingParams()
+
+
+class DecodeState(NamedTuple):
+    """What carries from one step to the next.
+
+    Attributes:
+        cache: the target's :class:`~specdec.adapter.CacheState` (consumed by the next step).
+        roots: Shape ``[B]`` int64, each row's last emitted token, which the target has not run yet (the next
+            step's root, node 0 of its tree).
+        drafter_state: the drafter's state (``None`` without a drafter).
+    """
+
+    cache: CacheState
+    roots: torch.Tensor
+    drafter_state: Any = None
+
+
+class StepOutput(NamedTuple):
+    """What one step (or the prefill) produced.
+
+    Attributes:
+        emitted: per row, the tokens this step emitted, on the host (the step's one host sync): the accepted
+            drafts, then the next token (bonus or recovered). Rows marked inactive get tokens too, but nothing of
+            theirs was committed: ignore them.
+        state: the :class:`DecodeState` to continue from.
+        draft: the verified :class:`~specdec.types.Draft` (``None`` for a step without drafts).
+        result: the :class:`~specdec.types.VerifyResult` (``None`` for a step without drafts).
+    """
+
+    emitted: list[list[int]]
+    state: DecodeState
+    draft: Draft | None = None
+    result: VerifyResult | None = None
+
+
+def _tick(clock: Callable[[str], None] | None, phase: str) -> None:
+    if clock is not None:
+        clock(phase)
+
+
+@torch.no_grad()
+def prefill(adapter: ModelAdapter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+            drafter: Drafter | None = None, sampling: SamplingParams = GREEDY,
+            source: RandomSource | None = None) -> StepOutput:
+    """Step 0: the target runs the prompts; its last logits give each row's first token (the first root).
+
+    Args:
+        adapter: the target's :class:`~specdec.adapter.ModelAdapter` (with the drafter's ``feature_layers``).
+        input_ids: Shape ``[B, T]``, left-padded prompts.
+        attention_mask: Shape ``[B, T]``, 1 for real tokens (``None``: no padding).
+        drafter: a :class:`~specdec.drafters.Drafter`, started on the prompt's target pass (or ``None``).
+        sampling: temperature / top-k / top-p (greedy by default).
+        source: the randomness (required when sampling).
+
+    Returns:
+        :class:`StepOutput` whose ``emitted`` holds each row's first token.
+    """
+    out, cache = adapter.prefill(input_ids, attention_mask)
+    roots = next_token(out.logits[:, -1], sampling, source)
+    drafter_state = None
+    if drafter is not None:
+        valid = cache.committed_valid
+        drafter_state = drafter.start(Feedback(
+            tokens=input_ids, next_tokens=torch.cat([input_ids[:, 1:], roots[:, None]], 1),
+            positions=(valid.long().cumsum(1) - 1).clamp_(min=0), valid=valid, features=out.features, roots=roots))
+    # Host sync: the first token of every row.
+    emitted = [[t] for t in roots.tolist()]
+    return StepOutput(emitted=emitted, state=DecodeState(cache=cache, roots=roots, drafter_state=drafter_state))
+
+
+@torch.no_grad()
+def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None = None, num_drafts: int = 0,
+         sampling: SamplingParams = GREEDY, source: RandomSource | None = None,
+         active: torch.Tensor | None = None, verifier: Verifier | None = None,
+         clock: Callable[[str], None] | None = None) -> StepOutput:
+    """One decoding step: draft, run the target, verify, keep the accepted path, tell the drafter.
+
+    Math (per row, glossary of DESIGN.md): the row emits its accepted drafts, then the next token (the bonus
+    token when the accepted path has no child left to try, else the recovered token); with a lossless verifier
+    the emitted tokens follow the target's law exactly. Without drafts the row emits one token, the argmax or
+    a draw from ``process_logits(target logits, sampling)``.
+
+    Args:
+        adapter: the target's :class:`~specdec.adapter.ModelAdapter`.
+        state: the :class:`DecodeState` from :func:`prefill` or the previous step (consumed).
+        drafter: the :class:`~specdec.drafters.Drafter` (``None``: a plain step).
+        num_drafts: ``K``, the depth bound of this step's draft (``0``: a plain step, the drafter only learns
+            the new token).
+        sampling: temperature / top-k / top-p, applied identically to target and draft.
+        source: the randomness of drafting and verification (required when sampling).
+        active: Shape ``[B]`` bool, rows still generating (``None``: all). Inactive rows commit nothing in a
+            step with drafts; in a plain step every row keeps its token, as in HF.
+        verifier: a :class:`~specdec.verify.Verifier` for steps with drafts (default: the lossless one exact
+            for the draft's scheme, or greedy; other functions are normalised by
+            :func:`~specdec.verify.as_verifier`). Steps without drafts never call a verifier.
+        clock: called with a phase name (``draft``, ``target``, ``verify``, ``commit``, ``update``) at the end of
+            each phase, for profiling (see :class:`~specdec.stats.PhaseClock`).
+
+    Returns:
+        :class:`StepOutput`.
+
+    Raises:
+        ValueError: the drafter proposed a token id outside the target's vocabulary at a present node (found
+            without an extra host sync, at the step's own sync, before anything is committed).
+
+    Example:
+        >>> out = step(adapter, out.state, drafter=drafter, num_drafts=4)      # doctest: +SKIP
+        >>> out.emitted                                                         # doctest: +SKIP
+        [[17, 4, 99]]
+    """
+    source = as_source(source, greedy=sampling.is_greedy)
+    draft, drafter_state = None, state.drafter_state
+    if drafter is not None and num_drafts > 0:
+        # 1. Draft: a tree per row (a chain is a tree), from the same randomness as the verifier.
+        draft, drafter_state = drafter.propose(drafter_state, ProposeRequest(
+            roots=state.roots, root_positions=state.cache.lengths, num_drafts=num_drafts, sampling=sampling,
+            source=source, active=_all_rows(state.roots) if active is None else active,
+            vocab_size=adapter.vocab_size))
+        _tick(clock, "draft")
+    if draft is None or draft.num_nodes == 0:
+        return _plain(adapter, state._replace(drafter_state=drafter_state), drafter, sampling, source, active, clock)
+    return _tree(adapter, state._replace(drafter_state=drafter_state), draft, num_drafts, drafter, sampling,
+                 source, active, verifier, clock)
+
+
+def _all_rows(roots: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(roots, dtype=torch.bool)
+
+
+def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock) -> StepOutput:
+    """A step without drafts: HF's one-token decode, the token kept at once."""
+    # 2. Target forward of each root on the cache, with the mask HF would build (none without padding).
+    out, cache = adapter.decode(state.cache, state.roots)
+    _tick(clock, "target")
+    # 3. Nothing to verify: the next token is the argmax, or a draw from the processed target law.
+    next_tokens = next_token(out.logits[:, -1], sampling, source)
+    _tick(clock, "verify")
+    drafter_state = state.drafter_state
+    if drafter is not None:
+        # 4. The drafter learns the root (now committed), its features and the new root; the root (node 0) is
+        # the whole accepted path.
+        valid = _all_rows(next_tokens)[:, None] if active is None else active[:, None]
+        drafter_state = drafter.update(drafter_state, Feedback(
+            tokens=state.roots[:, None], next_tokens=next_tokens[:, None], positions=state.cache.lengths[:, None],
+            valid=valid, features=out.features, roots=next_tokens,
+            accepted_nodes=torch.zeros_like(valid, dtype=torch.long)))
+        _tick(clock, "update")
+    # The step's one host sync: the token each row emitted (the row bookkeeping needs it).
+    emitted = [[t] for t in next_tokens.tolist()]
+    return StepOutput(emitted=emitted, state=DecodeState(cache=cache, roots=next_tokens, drafter_state=drafter_state))
+
+
+def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, sampling, source, active,
+          verifier, clock) -> StepOutput:
+    """A step with drafts: the tree path."""
+    roots, cache = state.roots, state.cache
+    # A drafter bug must not reach the embedding (a device-side assert on CUDA): clamp the ids and remember the
+    # first bad node per row; it is reported at the step's host sync below.
+    draft, first_bad = _sanitised(draft, adapter.vocab_size)
+    # 2. Target forward over [root] + drafts under the tree mask, positions = prefix length + depth.
+    present = draft.parents >= 0
+    present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
+    out, pending = adapter.forward(cache, torch.cat([roots[:, None], draft.tokens], 1), draft.parents,
+                                   cache.lengths[:, None] + draft.depths, present)
+    _tick(clock, "target")
+    # 3. Verify: every verifier is called the same way; drafts are never deeper than K (no sync for the depth).
+    verifier = select_verifier(draft.scheme, sampling) if verifier is None else as_verifier(verifier)
+    result = verifier(verifier_input(verifier, out.logits, sampling), draft, source, max_depth=num_drafts)
+    tokens, counts = emitted_tokens(draft, result)  # [B, K + 1] (-1 after counts), [B]
+    path = result.accepted_nodes  # [B, K + 1], pending indices of the root and the accepted drafts
+    live = _all_rows(roots) if active is None else active
+    # The step's one host sync, per row: emitted count, first bad node (0: none), active, accepted path, tokens.
+    host = torch.cat([counts[:, None], first_bad[:, None], live[:, None].long(), path, tokens], 1).tolist()
+    _tick(clock, "verify")
+    _raise_on_bad_ids(host, drafter)
+    D1 = path.shape[1]
+    kept = [row[0] if row[2] else 0 for row in host]  # tokens each row commits: root + accepted drafts
+    width = max(kept)
+    # 4. Keep each row's accepted path (root + accepted drafts) in the cache; inactive rows keep nothing.
+    keep_counts = counts if active is None else counts * active
+    cache = adapter.commit(pending, path[:, :width], keep_counts,
+                           prefix=all(row[3:3 + n] == list(range(n)) for row, n in zip(host, kept)),
+                           full=all(n == width for n in kept))
+    _tick(clock, "commit")
+    emitted = [row[3 + D1:3 + D1 + row[0]] for row in host]
+    drafter_state = state.drafter_state
+    if drafter is not None:
+        # 5. The drafter absorbs the outcome: the committed tokens and the target's features at them.
+        ar = torch.arange(width, device=roots.device)[None, :]
+        nodes = path[:, :width]
+        feats = tuple(f.gather(1, nodes.clamp(min=0)[:, :, None].expand(-1, -1, f.shape[-1])) for f in out.features)
+        committed = torch.cat([roots[:, None], tokens], 1)[:, :width].clamp_(min=0)  # root + accepted drafts
+        drafter_state = drafter.update(drafter_state, Feedback(
+            tokens=committed, next_tokens=tokens[:, :width].clamp(min=0), positions=pending.lengths[:, None] + ar,
+            valid=ar < keep_counts[:, None], features=feats, roots=result.next_tokens, accepted_nodes=nodes))
+        _tick(clock, "update")
+    state = DecodeState(cache=cache, roots=result.next_tokens, drafter_state=drafter_state)
+    return StepOutput(emitted=emitted, state=state, draft=draft, result=result)
+
+
+def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor]:
+    """The draft with ids clamped into ``[0, V)``, and per row the first node holding a bad id (0: none)."""
+    if vocab is None:
+        return draft, torch.zeros_like(draft.parents[:, 0])
+    bad = (draft.parents[:, 1:] >= 0) & ((draft.tokens < 0) | (draft.tokens >= vocab))
+    first_bad = torch.where(bad.any(1), bad.long().argmax(1) + 1, 0)
+    return draft._replace(tokens=draft.tokens.clamp(0, vocab - 1)), first_bad
+
+
+def _raise_on_bad_ids(host: list[list[int]], drafter) -> None:
+    for row, values in enumerate(host):
+        node = values[1]
+        if node:
+            raise ValueError(
+                f"{type(drafter).__name__} proposed a token id outside the target's vocabulary at row {row}, node "
+                f"{node} (a present node): draft ids must lie in [0, V) with V the target's vocabulary; mark padding "
+                f"nodes absent (parent -1, depth 0) instead of giving them id -1")

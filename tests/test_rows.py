@@ -1,0 +1,43 @@
+"""specdec.rows: each row's tokens, stopping rules and the K bound of the next step (host-side bookkeeping)."""
+import pytest
+import torch
+
+from specdec.rows import Rows, stop_index
+
+
+def test_a_row_keeps_tokens_up_to_eos_budget_or_stop_string():
+    decode = lambda tokens: "".join(f"<{t}>" for t in tokens)  # noqa: E731
+    rows = Rows([3, 3, 3], 5, eos=[9], stop_strings=["<4><5>"], decode=decode)
+    rows.absorb([[1, 2], [1, 9, 7], [4]])
+    assert rows.tokens == [[1, 2], [1, 9], [4]] and rows.active == [True, False, True]
+    rows.absorb([[3, 4, 5, 6], [8], [5, 6]])
+    assert rows.tokens == [[1, 2, 3, 4, 5], [1, 9], [4, 5]] and rows.active == [False, False, False]
+    sequences, n = rows.sequences(torch.zeros(3, 2, dtype=torch.long), pad_token_id=0)
+    assert n.tolist() == [5, 2, 2] and sequences.shape == (3, 7)
+
+
+def test_stop_index_finds_the_token_that_completes_the_string():
+    text = lambda tokens: "".join(map(str, tokens))  # noqa: E731
+    assert stop_index(text, [1, 2, 3, 4], ["23"]) == 3
+    assert stop_index(text, [1, 2, 3, 4], ["5"]) is None
+
+
+@pytest.mark.parametrize("kept, k, max_positions, want", [
+    ([1, 1], 4, None, 4),        # the schedule's K
+    ([6, 1], 4, None, 4),        # the row with the most room decides
+    ([6, 6], 4, None, 1),        # 8 - 6 - 1: the next token needs room too
+    ([1, 1], 4, 12, 1),          # root at position 10 + 1 - 1 = 10, last position 11: one draft
+])
+def test_the_next_k_is_bounded_by_budgets_and_positions(kept, k, max_positions, want):
+    rows = Rows([10, 10], 8)
+    rows.absorb([[0] * n for n in kept])
+    assert rows.num_drafts(k, max_positions) == want
+
+
+def test_the_active_mask_is_rebuilt_only_when_a_row_finishes():
+    rows = Rows([2, 2], 3, eos=[7])
+    first = rows.active_mask("cpu")
+    rows.absorb([[1], [2]])
+    assert rows.active_mask("cpu") is first
+    rows.absorb([[7], [2]])
+    assert rows.active_mask("cpu").tolist() == [False, True]
