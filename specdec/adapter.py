@@ -241,7 +241,7 @@ class ModelAdapter:
 
     def _run(self, tokens, mask, positions, cache, *, logits_to_keep: int = 0, tree: bool = False) -> ForwardOutput:
         """One model call. ``tree``: a custom 4-D mask on CUDA, kept off the cuDNN SDPA backend (see
-        ``_attention_backends``); otherwise HF gets a 2-D mask (or ``None``) and runs exactly as in its ``generate``."""
+        ``masked_sdpa_kernel``); otherwise HF gets a 2-D mask (or ``None``) and runs exactly as in its ``generate``."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self.feature_layers:
             kwargs["output_hidden_states"] = True
