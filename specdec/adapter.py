@@ -40,7 +40,7 @@ from torch import nn
 
 from .masks import to_aligned_additive_mask
 from .nn.attention import masked_sdpa_kernel
-from .trees import ancestor_matrix
+from .kernels import compact_kv, tree_mask
 
 __all__ = ["CacheState", "ConsumedStateError", "ForwardOutput", "ModelAdapter", "SUPPORTED_ATTENTION",
            "UnsupportedModelError", "check_causal_lm"]
@@ -348,12 +348,10 @@ class ModelAdapter:
             present = torch.ones_like(tokens, dtype=torch.bool)
         all_parents = torch.cat([state.pending_parents, parents], 1)
         all_present = torch.cat([state.pending_present, present], 1)
-        # Rows of the new nodes in the ancestor matrix of the whole pending forest.
-        # An absent node is nobody's ancestor and sees only itself, so no presence masking is needed here.
-        anc = ancestor_matrix(all_parents)[:, -M:]
-        prefix = state.committed_valid[:, None, :] & present[:, :, None]
-        visible = torch.cat([prefix.expand(B, M, -1), anc], 2)
-        out = self._run(tokens, self._mask(visible), positions, state.cache, tree=True)
+        # Committed slots (where valid) plus each node's pending ancestors and itself, written in one launch on CUDA
+        # (specdec.kernels.tree_mask; its torch reference elsewhere). An absent node sees only itself.
+        mask = tree_mask(state.committed_valid, all_parents, present, self.model.dtype).mask
+        out = self._run(tokens, mask, positions, state.cache, tree=True)
         return out, state._replace(pending_parents=all_parents, pending_present=all_present, ticket=_Ticket())
 
     @torch.no_grad()
@@ -387,17 +385,12 @@ class ModelAdapter:
             prefix = found[0] if prefix is None else prefix
             full = found[1] if full is None else full
         prefix = bool(prefix) and A <= P
-        for layer in state.cache.layers:
-            k, v = layer.keys, layer.values
-            if k is None:
-                continue
-            if A and not prefix:
-                idx = keep.clamp(min=0) + Lc
-                gi = idx[:, None, :, None].expand(B, k.shape[1], A, k.shape[3])
-                k = torch.cat([k[:, :, :Lc], k.gather(2, gi)], 2)
-                v = torch.cat([v[:, :, :Lc], v.gather(2, gi)], 2)
-            else:
-                k, v = k[:, :, : Lc + A], v[:, :, : Lc + A]
+        # Every layer's accepted path gathered behind the committed slots: one launch on CUDA
+        # (specdec.kernels.compact_kv; in place, since HF's cache replaces these tensors at every forward).
+        layers = [layer for layer in state.cache.layers if layer.keys is not None]
+        keys, values = compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc,
+                                  inplace=True, prefix=prefix)
+        for layer, k, v in zip(layers, keys, values):
             layer.keys, layer.values = k, v
         new_valid = ar < counts[:, None]
         empty = torch.empty(B, 0, dtype=torch.long, device=device)

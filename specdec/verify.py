@@ -739,7 +739,8 @@ _TREE_VERIFIERS = {
 def select_verifier(scheme: DraftScheme, params: SamplingParams, *, chain: bool = False) -> Verifier:
     """Pick the lossless verifier for drafts made by ``scheme`` under sampling ``params``.
 
-    Rule: greedy params -> :func:`verify_greedy`; a chain (``chain=True``) -> :func:`verify_chain` (vectorised
+    Rule: greedy params -> :func:`verify_greedy` (through :func:`specdec.kernels.verify_greedy`: its Triton kernel
+    on CUDA, this module's function elsewhere); a chain (``chain=True``) -> :func:`verify_chain` (vectorised
     over positions); otherwise the tree verifier whose ``exact_for`` contains ``scheme``.
 
     Args:
@@ -756,7 +757,9 @@ def select_verifier(scheme: DraftScheme, params: SamplingParams, *, chain: bool 
     """
     scheme = DraftScheme(scheme)
     if params.is_greedy:
-        return verify_greedy
+        from .kernels import verify_greedy as dispatching  # the Triton kernel on CUDA, verify_greedy elsewhere
+
+        return dispatching
     if chain:
         return verify_chain
     return _TREE_VERIFIERS[scheme]

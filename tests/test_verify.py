@@ -14,6 +14,7 @@ from typing import Callable
 import pytest
 import torch
 
+from specdec import kernels
 from specdec.sampling import PredrawnNoise, TorchSource, process_logits
 from specdec.testing import (
     ToyLM,
@@ -37,13 +38,13 @@ from specdec.verify import (
     check_draft,
     emitted_tokens,
     select_verifier,
+    verifier_input,
     verify_chain,
     verify_greedy,
     verify_tree_deterministic,
     verify_tree_iid,
     verify_tree_without_replacement,
     verify_typical,
-    verifier_input,
 )
 
 DET, IID, WOR = DraftScheme.DETERMINISTIC, DraftScheme.IID, DraftScheme.WITHOUT_REPLACEMENT
@@ -660,7 +661,9 @@ def test_verifier_attributes_state_losslessness_and_exact_schemes():
 def test_select_verifier_picks_the_exact_verifier_for_each_scheme():
     sampled = SamplingParams(temperature=0.8)
     for scheme in DraftScheme:
-        assert select_verifier(scheme, SamplingParams()) is verify_greedy
+        greedy = select_verifier(scheme, SamplingParams())
+        assert greedy is kernels.verify_greedy  # dispatches: the Triton kernel on CUDA, verify_greedy elsewhere
+        assert greedy.lossless and greedy.takes_logits and greedy.exact_for == verify_greedy.exact_for
         chosen = select_verifier(scheme, sampled)
         assert chosen.lossless and scheme in chosen.exact_for
         assert select_verifier(scheme.value, sampled, chain=True) is verify_chain

@@ -59,9 +59,12 @@ def _check(keys, values, keep, counts, committed_len, inplace) -> tuple[int, int
     return batch, kept
 
 
-def _is_identity(keep: torch.Tensor, counts: torch.Tensor, pending: int) -> bool:
+def _is_identity(keep: torch.Tensor, counts: torch.Tensor, pending: int, prefix: bool | None = None) -> bool:
     # The one host sync of a commit: does every row keep a prefix of its pending slots (e.g. a chain)?
+    # A caller that already knows (``prefix``) spares it.
     kept = keep.shape[1]
+    if prefix is not None:
+        return bool(prefix) and kept <= pending
     ar = torch.arange(kept, device=keep.device)[None, :]
     return kept <= pending and bool(((keep == ar) | (ar >= counts[:, None])).all())
 
@@ -74,6 +77,7 @@ def compact_kv_ref(
     committed_len: int,
     *,
     inplace: bool = False,
+    prefix: bool | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Reference for :func:`compact_kv` (same signature and result): the adapter's per-layer torch code.
 
@@ -84,6 +88,7 @@ def compact_kv_ref(
         counts: Shape ``[B]`` int64, real entries of ``keep`` per row.
         committed_len: ``Lc``, committed slots before the pending ones.
         inplace: write the kept slots into the given tensors and return views.
+        prefix: whether every row keeps a prefix of its pending slots, if the caller knows (no host sync).
 
     Returns:
         ``(keys, values)``: lists of ``[B, heads, Lc + A, head_dim]`` tensors.
@@ -94,7 +99,7 @@ def compact_kv_ref(
     tensors = list(keys) + list(values)
     if kept == 0:
         out = [t[:, :, :lc] for t in tensors]
-    elif _is_identity(keep, counts, tensors[0].shape[2] - lc if tensors else 0):
+    elif _is_identity(keep, counts, tensors[0].shape[2] - lc if tensors else 0, prefix):
         out = [t[:, :, : lc + kept] for t in tensors]
     else:
         index = keep.long().clamp(min=0) + lc
@@ -139,14 +144,14 @@ def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, batch, heads, co
     tl.store(dst + (committed + a)[:, None] * stride_dl + dims[None, :] * stride_dd, x, mask=ok)
 
 
-def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace):
+def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix=None):
     batch, kept = _check(keys, values, keep, counts, committed_len, inplace)
     tensors = list(keys) + list(values)
     lc = committed_len
     if kept == 0:
         out = [t[:, :, :lc] for t in tensors]
         return out[: len(keys)], out[len(keys):]
-    if _is_identity(keep, counts, tensors[0].shape[2] - lc):
+    if _is_identity(keep, counts, tensors[0].shape[2] - lc, prefix):
         out = [t[:, :, : lc + kept] for t in tensors]
         return out[: len(keys)], out[len(keys):]
     keep = keep.long()
@@ -182,6 +187,7 @@ def compact_kv(
     committed_len: int,
     *,
     inplace: bool = False,
+    prefix: bool | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Keep, per row, the committed slots and then the chosen pending slots of every layer (one launch).
 
@@ -208,6 +214,8 @@ def compact_kv(
         inplace: move the kept slots inside the given tensors and return views (``A`` slots of traffic per row and
             head instead of ``Lc + A``). Only when nothing else holds these tensors (HF's ``DynamicCache``
             replaces them on every forward); needs ``Lc + A <= L``.
+        prefix: whether every row keeps a prefix of its pending slots, if the caller knows it (``None``: found out
+            with one host sync).
 
     Returns:
         ``(keys, values)``: lists of ``[B, heads, Lc + A, head_dim]`` tensors, in the input order.
@@ -224,5 +232,5 @@ def compact_kv(
     """
     tensors = list(keys) + list(values) + [keep, counts]
     if use_kernel("compact_kv", *tensors):
-        return _compact_kv_triton(keys, values, keep, counts, committed_len, inplace)
-    return compact_kv_ref(keys, values, keep, counts, committed_len, inplace=inplace)
+        return _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix)
+    return compact_kv_ref(keys, values, keep, counts, committed_len, inplace=inplace, prefix=prefix)

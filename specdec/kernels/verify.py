@@ -389,6 +389,13 @@ verify_greedy.exact_for = verify_greedy_ref.exact_for = _verify.verify_greedy.ex
 # ----------------------------------------------------------------------------------------------------------------
 
 
+
+# The same contract marks as the reference (lossless, exact for every scheme at T = 0, fed raw logits), so
+# ``select_verifier`` can hand out this dispatching form.
+verify_greedy.lossless = _verify.verify_greedy.lossless
+verify_greedy.exact_for = _verify.verify_greedy.exact_for
+verify_greedy.takes_logits = _verify.verify_greedy.takes_logits
+
 def _chain_inputs(name, target_probs, draft, uniforms, exponentials):
     one_hot = draft.scheme == DraftScheme.DETERMINISTIC
     batch, nodes, vocab = _verify._check_inputs(target_probs, draft, not one_hot, name)
