@@ -13,6 +13,8 @@ recipe             composition                                                 p
 ``eagle1``         EAGLE-1 head + static top-k tree (``mc_sim_7b_63``)         arXiv 2401.15077
 ``eagle2``         EAGLE head + dynamic tree (expand top-k, rerank)            arXiv 2406.16858
 ``eagle3``         EAGLE-3 head (fused target layers, draft vocab) + dynamic   arXiv 2503.01840
+``medusa1/2``      Medusa heads (one forward) + level-wise static tree         arXiv 2401.10774
+``medusa_typical`` the same drafter + typical acceptance (**lossy**)           arXiv 2401.10774
 =================  ==========================================================  =======================
 
 Example:
@@ -22,24 +24,34 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
+import torch
+
 from .drafters.draft_model import DraftModelDrafter
-from .graphs import GraphedDrafter, cuda_graphed
 from .drafters.eagle import EagleDrafter
+from .drafters.parallel import ParallelDrafter
 from .drafters.prompt_lookup import PromptLookupDrafter
+from .graphs import GraphedDrafter, cuda_graphed
 from .heads.eagle import Eagle1Head, Eagle3Head
-from .trees.core import EAGLE_MC_SIM_7B_63
+from .sampling import as_source
+from .trees.core import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, TREE_PRESETS
 from .trees.dynamic import DynamicTree
+from .trees.level import LevelTree
 from .trees.static import StaticTree
+from .types import VerifyResult
+from .verify import verify_greedy, verify_typical
 
-__all__ = ["sps", "prompt_lookup", "eagle1", "eagle2", "eagle3"]
+__all__ = ["sps", "prompt_lookup", "eagle1", "eagle2", "eagle3", "medusa", "medusa1", "medusa2", "medusa_tree",
+           "typical_acceptance", "medusa_typical", "LossyRecipe"]
 
 
-def sps(draft_model, num_drafts: int = 4, *, tree=None, mode: str = "auto") -> DraftModelDrafter:
+def sps(draft_model, num_drafts: int | None = None, *, tree=None, mode: str = "auto") -> DraftModelDrafter:
     """SpS: an independent draft model (any HF causal LM sharing the target's tokenizer) drafting a chain.
 
     Args:
         draft_model: the draft HF causal LM.
-        num_drafts: ``K``, the chain length (or the depth bound of ``tree``).
+        num_drafts: ``K``, the chain length (default 4; with ``tree``, the tree's depth).
         tree: optional static tree choices (SpecInfer-style token trees).
         mode: how drafts are chosen (see :class:`~specdec.drafters.DraftModelDrafter`).
 
@@ -126,3 +138,173 @@ def eagle3(head: Eagle3Head, *, total_tokens: int = 60, depth: int = 8, top_k: i
     if not isinstance(head, Eagle3Head):
         raise TypeError(f"eagle3() needs an Eagle3Head, got {type(head).__name__}; use eagle2() for an EAGLE-1 head")
     return _graphed(EagleDrafter(head, DynamicTree(total_tokens, depth, top_k)), cuda_graphs)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Medusa (parallel heads + level-wise trees)
+# --------------------------------------------------------------------------------------------------------
+
+
+
+def medusa_tree(tree, num_levels: int) -> LevelTree:
+    """Resolve a Medusa tree argument into a :class:`~specdec.trees.LevelTree`.
+
+    Args:
+        tree: ``"chain"`` (every level's top-1, ``num_levels`` deep: Medusa without tree attention),
+            ``"mc_sim_7b_63"`` or any name of ``specdec.trees.TREE_PRESETS`` (with or without its ``medusa_``
+            prefix), tree choices (e.g. from :func:`specdec.trees.optimal_tree`), a compiled tree or a
+            :class:`~specdec.trees.LevelTree`.
+        num_levels: the head's levels (the chain's length).
+
+    Returns:
+        A :class:`~specdec.trees.LevelTree`.
+    """
+    if isinstance(tree, str) and not tree.lstrip().startswith("["):
+        name = tree.strip()
+        if name == "chain":
+            return LevelTree.chain(num_levels)
+        for key in (name, f"medusa_{name}"):
+            if key in TREE_PRESETS:
+                return LevelTree(TREE_PRESETS[key])
+        raise ValueError(f"unknown Medusa tree {tree!r}: use 'chain', 'mc_sim_7b_63', a name of "
+                         f"specdec.trees.TREE_PRESETS ({', '.join(TREE_PRESETS)}), or tree choices")
+    if tree is None:
+        return LevelTree(MEDUSA_MC_SIM_7B_63)
+    return tree if isinstance(tree, LevelTree) else LevelTree(tree)
+
+
+def medusa(head, tree="mc_sim_7b_63") -> ParallelDrafter:
+    """Medusa: Medusa heads (one forward of all heads per step) drafting a level-wise tree.
+
+    Lossless: the drafts are deterministic given the target's features, so ``generate()`` verifies them with the
+    target-only tree verifier (exact at any temperature; greedy output equals plain greedy decoding).
+
+    Args:
+        head: a :class:`~specdec.heads.MedusaHead` (Medusa-1 heads, or Medusa-2 heads with their fine-tuned target).
+        tree: ``"mc_sim_7b_63"`` (the authors' default 63-node tree), ``"chain"`` (top-1 of each head), a preset
+            name, tree choices (e.g. from :func:`specdec.trees.optimal_tree`) or a compiled tree.
+
+    Returns:
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+
+    Example:
+        >>> drafter = medusa(load_medusa_head("FasterDecoding/medusa-vicuna-7b-v1.3", target))  # doctest: +SKIP
+
+    References:
+        Cai et al., "Medusa", arXiv 2401.10774.
+    """
+    return ParallelDrafter(head, medusa_tree(tree, head.num_levels))
+
+
+def medusa1(head, tree="mc_sim_7b_63") -> ParallelDrafter:
+    """Medusa-1: heads trained on a frozen target (:func:`specdec.training.train_medusa1`). Same as :func:`medusa`.
+
+    Args:
+        head: a :class:`~specdec.heads.MedusaHead`.
+        tree: see :func:`medusa`.
+
+    Returns:
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+
+    References:
+        Medusa arXiv 2401.10774 (Sec. 2.3.1).
+    """
+    return medusa(head, tree)
+
+
+def medusa2(head, tree="mc_sim_7b_63") -> ParallelDrafter:
+    """Medusa-2: heads trained jointly with the target (:func:`specdec.training.train_medusa2`).
+
+    The fine-tuned target is a *new* target: run this drafter with it, and judge losslessness against that
+    model's own plain decoding (not the original target's).
+
+    Args:
+        head: the Medusa-2 :class:`~specdec.heads.MedusaHead`.
+        tree: see :func:`medusa`.
+
+    Returns:
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+
+    References:
+        Medusa arXiv 2401.10774 (Sec. 2.3.2).
+    """
+    return medusa(head, tree)
+
+
+def typical_acceptance(posterior_threshold: float = 0.09, posterior_alpha: float = 0.3) -> Callable:
+    """Medusa's typical acceptance as a ``generate(verifier=...)`` override. **NOT lossless.**
+
+    Accepts a draft ``x`` under the target's processed distribution ``p`` iff
+    ``p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))``, along the path (see
+    :func:`specdec.verify.verify_typical`). The output no longer follows the target's law: use it only when
+    trading fidelity for acceptance is acceptable. At temperature 0 (``generate`` passes no randomness) it is plain
+    greedy verification; as the temperature goes to 0 it converges to greedy decoding.
+
+    Args:
+        posterior_threshold: ``epsilon`` (Medusa default 0.09).
+        posterior_alpha: ``alpha`` (Medusa default 0.3, about ``sqrt(epsilon)``).
+
+    Returns:
+        A verifier ``(target_probs, draft, source=None) -> VerifyResult`` with ``lossless = False``.
+
+    References:
+        Medusa arXiv 2401.10774 (Sec. 2.3.1, typical acceptance).
+    """
+    if not (posterior_threshold >= 0 and posterior_alpha > 0):
+        raise ValueError(f"typical acceptance needs posterior_threshold >= 0 and posterior_alpha > 0, got "
+                         f"{posterior_threshold} and {posterior_alpha}")
+
+    def verify_typical_lossy(target_probs, draft, source=None, *, max_depth=None):
+        if source is None:  # generate() at temperature 0: raw logits, no randomness -> greedy
+            return verify_greedy(target_probs, draft, max_depth=max_depth)
+        if draft.num_nodes == 0:  # a plain step (no room left to draft): sample the target as plain decoding does
+            path = torch.full((draft.tokens.shape[0], (max_depth or 0) + 1), -1, dtype=torch.long,
+                              device=target_probs.device)
+            path[:, 0] = 0
+            return VerifyResult(path, path[:, 0] * 0, as_source(source).categorical(target_probs[:, 0]))
+        return verify_typical(target_probs, draft, source, posterior_threshold=posterior_threshold,
+                              posterior_alpha=posterior_alpha, max_depth=max_depth)
+
+    verify_typical_lossy.lossless = False
+    verify_typical_lossy.exact_for = frozenset()
+    verify_typical_lossy.posterior_threshold = posterior_threshold
+    verify_typical_lossy.posterior_alpha = posterior_alpha
+    return verify_typical_lossy
+
+
+class LossyRecipe(NamedTuple):
+    """A drafter with a verifier that is **not lossless**: pass both to ``generate`` (``**recipe._asdict()``).
+
+    Attributes:
+        drafter: the drafter.
+        verifier: the lossy verifier (``verifier.lossless`` is False).
+    """
+
+    drafter: object
+    verifier: Callable
+
+
+def medusa_typical(head, tree="mc_sim_7b_63", *, posterior_threshold: float = 0.09,
+                   posterior_alpha: float = 0.3) -> LossyRecipe:
+    """Medusa with typical acceptance, as the authors run it at T > 0. **NOT lossless.**
+
+    Typical acceptance accepts longer drafts than rejection sampling but its output does not follow the target's
+    distribution (``specdec.verify.verify_typical``; tests show the law test fails). For lossless Medusa use
+    :func:`medusa`, whose drafts the exact target-only tree verifier checks at any temperature.
+
+    Args:
+        head: a :class:`~specdec.heads.MedusaHead`.
+        tree: see :func:`medusa`.
+        posterior_threshold, posterior_alpha: see :func:`typical_acceptance`.
+
+    Returns:
+        A :class:`LossyRecipe` ``(drafter, verifier)``.
+
+    Example:
+        >>> recipe = medusa_typical(head)                                                     # doctest: +SKIP
+        >>> out = sd.generate(target, ids, **recipe._asdict(), temperature=0.7, generator=g)  # doctest: +SKIP
+
+    References:
+        Medusa arXiv 2401.10774 (Sec. 2.3.1).
+    """
+    return LossyRecipe(medusa(head, tree), typical_acceptance(posterior_threshold, posterior_alpha))

@@ -1,0 +1,189 @@
+"""A drafter for *parallel heads*: heads that give every level's distribution in one forward.
+
+Medusa heads read the target's feature of the last committed token and predict the tokens 1, 2, ..., D positions
+after the root, all at once. P-EAGLE (mask tokens plus a learned shared hidden state) and DFlash-style block
+drafters (a block of mask slots with the target's features as context) have the same shape: one forward, ``D``
+distributions. :class:`ParallelDrafter` drives any such head with a level-wise tree policy
+(:class:`~specdec.trees.LevelTree`): one head call per step, one ``topk``, one gather.
+
+The head protocol (:class:`ParallelHead`)::
+
+    head.feature_layers                      # target hidden-state layers it reads (HF hidden_states indices)
+    head.num_levels                          # D: levels one call predicts
+    head.vocab_size                          # V: the target vocabulary
+    head.level_logits(state, request)        # -> [B, D, V]
+    # optional, for heads that keep context (a KV cache of committed tokens, ...):
+    head.start(feedback) -> state            # after the prompt's target pass
+    head.update(state, feedback) -> state    # after each verification step
+
+A head without ``start`` / ``update`` is stateless: its state is the target's features at the *last committed
+token* of each row (:func:`last_committed_features`), the token whose target logits gave the root. That is what
+Medusa reads: head ``k`` at that feature predicts the token ``k + 2`` positions after it, i.e. tree level
+``k + 1`` (the root is level 0).
+
+The drafts are a deterministic function of the features (``DraftScheme.DETERMINISTIC``), so ``generate()``
+verifies them with the target-only tree verifier, which is exact at any temperature.
+
+References:
+    Cai et al., "Medusa", arXiv 2401.10774; P-EAGLE and DFlash (parallel drafting) in DESIGN.md's sources.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from ..trees.level import LevelTree, as_level_policy
+from ..types import Draft
+from .base import Feedback, ProposeRequest
+
+__all__ = ["ParallelHead", "ParallelDrafter", "ParallelState", "last_committed_features"]
+
+
+@runtime_checkable
+class ParallelHead(Protocol):
+    """A head that predicts every tree level's distribution in one call.
+
+    Attributes:
+        feature_layers: target hidden-state layers the head reads (HF ``hidden_states`` indices).
+        num_levels: ``D``, levels one call predicts.
+        vocab_size: ``V``, the target vocabulary.
+    """
+
+    feature_layers: tuple[int, ...]
+    num_levels: int
+    vocab_size: int
+
+    def level_logits(self, state: Any, request: ProposeRequest | None) -> torch.Tensor:
+        """Draft logits of levels ``1..D`` for each row, shape ``[B, D, V]``."""
+
+
+class ParallelState(NamedTuple):
+    """What a :class:`ParallelDrafter` carries between steps.
+
+    Attributes:
+        head_state: the head's state (for stateless heads: :func:`last_committed_features`).
+        num_forwards: head calls so far (read by ``generate()``'s statistics).
+    """
+
+    head_state: Any
+    num_forwards: int
+
+
+def last_committed_features(feedback: Feedback, previous: tuple[torch.Tensor, ...] | None = None
+                            ) -> tuple[torch.Tensor, ...]:
+    """The target's features at each row's last valid feedback entry (the last committed token).
+
+    Rows without a valid entry (finished rows after a step) keep ``previous``. No host sync.
+
+    Args:
+        feedback: committed tokens and their features.
+            Shape: valid ``[B, M]``, each feature ``[B, M, H_i]``.
+        previous: the state before this feedback (``None`` after the prompt, where every row has a token).
+
+    Returns:
+        One tensor per feature layer. Shape: each ``[B, H_i]``.
+    """
+    valid = feedback.valid.bool()
+    B, M = valid.shape
+    last = torch.where(valid, torch.arange(M, device=valid.device), -1).amax(1)        # [B]
+    out = []
+    for i, feature in enumerate(feedback.features):
+        picked = feature.gather(1, last.clamp(min=0)[:, None, None].expand(B, 1, feature.shape[-1]))[:, 0]
+        if previous is not None:
+            picked = torch.where((last >= 0)[:, None], picked, previous[i].to(picked.dtype))
+        out.append(picked)
+    return tuple(out)
+
+
+class ParallelDrafter:
+    """Drafter for parallel heads (Medusa, and P-EAGLE / DFlash-style heads): one head call per step.
+
+    Each step: ``logits = head.level_logits(state, request)`` (``[B, D, V]``), then the level-wise tree policy
+    takes rank ``r_d`` of level ``d`` for the node with path ``(r_1, ..., r_d)``.
+
+    Args:
+        head: a :class:`ParallelHead` (e.g. :class:`~specdec.heads.MedusaHead`) on the target's device.
+        tree: a :class:`~specdec.trees.LevelTree`, a compiled tree or tree choices (default: the chain of every
+            level's top-1).
+
+    Attributes:
+        max_num_drafts: the tree's depth (a step's ``K`` prunes it to depth ``K``).
+        feature_layers: the head's target layers.
+        vocab_size: the head's vocabulary.
+
+    Raises:
+        ValueError: the tree is deeper than the head has levels.
+
+    Example:
+        >>> drafter = ParallelDrafter(MedusaHead.from_target(model), MEDUSA_MC_SIM_7B_63)  # doctest: +SKIP
+        >>> out = specdec.generate(model, ids, drafter=drafter)                             # doctest: +SKIP
+
+    References:
+        Medusa arXiv 2401.10774 (one forward of all heads per step; candidates from each head's top-k).
+    """
+
+    def __init__(self, head: ParallelHead, tree=None):
+        for attr in ("feature_layers", "num_levels", "vocab_size", "level_logits"):
+            if not hasattr(head, attr):
+                raise TypeError(f"{type(head).__name__} is not a parallel head: it lacks {attr!r} (see "
+                                f"specdec.drafters.parallel.ParallelHead)")
+        self.head = head
+        self.policy = LevelTree.chain(head.num_levels) if tree is None else as_level_policy(tree)
+        if self.policy.max_depth > head.num_levels:
+            raise ValueError(f"the tree is {self.policy.max_depth} levels deep but the head predicts "
+                             f"{head.num_levels}: prune it (tree.prune({head.num_levels})) or use a head with "
+                             f"more levels")
+        self.max_num_drafts = self.policy.max_depth
+        self.feature_layers = tuple(head.feature_layers)
+        self.vocab_size = head.vocab_size
+        self._stateful = callable(getattr(head, "start", None)) and callable(getattr(head, "update", None))
+
+    def __repr__(self) -> str:
+        return f"ParallelDrafter({type(self.head).__name__}, {self.policy!r})"
+
+    @torch.no_grad()
+    def start(self, feedback: Feedback) -> ParallelState:
+        """Build the state from the prompt's target pass.
+
+        Args:
+            feedback: the prompt's :class:`~specdec.drafters.Feedback` (left padding invalid).
+
+        Returns:
+            A :class:`ParallelState`.
+        """
+        state = self.head.start(feedback) if self._stateful else last_committed_features(feedback)
+        return ParallelState(state, 0)
+
+    @torch.no_grad()
+    def propose(self, state: ParallelState, request: ProposeRequest) -> tuple[Draft, ParallelState]:
+        """Draft the tree (pruned to ``request.num_drafts`` levels) from one head call.
+
+        Args:
+            state: from :meth:`start` / :meth:`update`.
+            request: the step's :class:`~specdec.drafters.ProposeRequest`.
+
+        Returns:
+            ``(draft, state)``: a ``DETERMINISTIC`` draft.
+        """
+        if request.num_drafts < 1:
+            raise ValueError(f"num_drafts must be >= 1 (K = 0 is a plain step and never reaches a drafter), got "
+                             f"{request.num_drafts}")
+        depth = min(self.max_num_drafts, request.num_drafts)
+        logits = self.head.level_logits(state.head_state, request)
+        return self.policy.draft(logits, depth), state._replace(num_forwards=state.num_forwards + 1)
+
+    @torch.no_grad()
+    def update(self, state: ParallelState, feedback: Feedback) -> ParallelState:
+        """Absorb the committed tokens (root + accepted drafts) and their target features.
+
+        Args:
+            state: the state returned by :meth:`propose`.
+            feedback: the step's :class:`~specdec.drafters.Feedback`.
+
+        Returns:
+            The new :class:`ParallelState`.
+        """
+        if self._stateful:
+            return state._replace(head_state=self.head.update(state.head_state, feedback))
+        return state._replace(head_state=last_committed_features(feedback, state.head_state))
