@@ -139,7 +139,7 @@ def generate(
     out = prefill(adapter, prompts.input_ids, prompts.attention_mask, drafter=drafter, sampling=params, source=source)
     stats.prefilled()
     if streamer is not None:
-        streamer.put(prompts.input_ids.cpu())
+        streamer.put(prompts.input_ids.cpu())  # a copy to the host, once
     rows.absorb(out.emitted)
 
     # 3. Decode until every row is done: K from the schedule (bounded by budgets and positions), one step.

@@ -87,6 +87,7 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
         TypeError: input of the wrong type (names what is expected).
         ValueError: wrong shapes, a mask that is not 0/1, a row without a real token, or pad ids without a mask.
     """
+    # Host syncs below (reading the pad ids, the mask's values and lengths): once per call, before any model work.
     ids, mask = _unpack(input_ids, attention_mask)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must have shape [B, T], got {tuple(ids.shape)}; add a batch dimension with "
@@ -109,7 +110,7 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
         raise ValueError("attention_mask must hold only 0 and 1 (1 = real token); got other values. A 4-D or "
                          "additive mask is not a padding mask: pass the tokenizer's 2-D mask.")
     valid = mask.bool()
-    lengths = valid.sum(1).tolist()  # host sync, once per call
+    lengths = valid.sum(1).tolist()
     if min(lengths) == 0:
         raise ValueError(f"row {lengths.index(0)} of attention_mask has no real token: every prompt needs at least "
                          f"one.")

@@ -55,6 +55,9 @@ def _to_vocab(logits: torch.Tensor, vocab: int | None) -> torch.Tensor:
 class DraftModelState(NamedTuple):
     """State of :class:`DraftModelDrafter`.
 
+    A state is consumed by the ``propose`` / ``update`` it is passed to (the draft model's KV cache is updated in
+    place); a call that touches the cache of a reused state raises :class:`~specdec.adapter.ConsumedStateError`.
+
     Attributes:
         cache: the draft model's cache.
         pending_tokens: Shape ``[B, P0]``, committed tokens the draft model has not run yet, left-aligned
