@@ -12,36 +12,39 @@ Blocks by kind: ``sd.trees`` (compiler, presets, tree policies), ``sd.masks``, `
 ``sd.schedule``, ``sd.adapter``, ``sd.graphs`` (CUDA graphs as a wrapper the caller applies); methods as
 compositions in ``sd.recipes``; ``sd.testing`` (sampling-law oracles) and ``sd.bench`` (harness).
 """
-from . import (adapter, bench, drafters, formats, graphs, heads, masks, nn, recipes, sampling, schedule, testing,
-               training, trees, verify)
-from .adapter import ModelAdapter
-from .drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
+from . import (adapter, bench, drafters, formats, graphs, heads, inputs, kernels, masks, nn, recipes, rows, sampling,
+               schedule, stats, step, testing, training, trees, verify)
+from .adapter import ConsumedStateError, ModelAdapter, UnsupportedModelError, check_causal_lm
+from .drafters import DraftModelDrafter, Drafter, ParallelDrafter, PromptLookupDrafter
 from .generate import GenerateOutput, GenerationStats, generate
+from .step import DecodeState, StepOutput
 from .masks import causal_mask_with_padding, prefix_valid_from_lengths, tree_attention_mask, tree_positions
-from .sampling import PredrawnNoise, RandomSource, TorchSource, as_source, process_logits
+from .sampling import PerRowSource, PredrawnNoise, RandomSource, TorchSource, as_source, next_token, process_logits
 from .schedule import Schedule, make_schedule
 from .trees import Tree, chain_tree, compile_tree
 from .types import Draft, DraftScheme, SamplingParams, VerifyResult
-from .verify import (select_verifier, verify_chain, verify_greedy, verify_tree_deterministic, verify_tree_iid,
-                     verify_tree_without_replacement, verify_typical)
+from .verify import (Verifier, as_verifier, select_verifier, verifier_input, verify_chain, verify_greedy,
+                     verify_tree_deterministic, verify_tree_iid, verify_tree_without_replacement, verify_typical)
 
 __version__ = "0.1.0"
 
 __all__ = [
     # the loop
-    "generate", "GenerateOutput", "GenerationStats", "ModelAdapter",
+    "generate", "GenerateOutput", "GenerationStats", "ModelAdapter", "DecodeState", "StepOutput",
+    "ConsumedStateError", "UnsupportedModelError", "check_causal_lm",
     # contracts
     "Draft", "DraftScheme", "SamplingParams", "VerifyResult", "Drafter",
     # trees and masks
     "Tree", "compile_tree", "chain_tree", "tree_attention_mask", "tree_positions", "causal_mask_with_padding",
     "prefix_valid_from_lengths",
     # sampling and verification
-    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "as_source", "select_verifier", "verify_greedy",
+    "process_logits", "RandomSource", "TorchSource", "PredrawnNoise", "PerRowSource", "as_source", "next_token",
+    "Verifier", "as_verifier", "verifier_input", "select_verifier", "verify_greedy",
     "verify_chain",
     "verify_tree_deterministic", "verify_tree_iid", "verify_tree_without_replacement", "verify_typical",
     # drafters and schedules
-    "DraftModelDrafter", "PromptLookupDrafter", "Schedule", "make_schedule",
+    "DraftModelDrafter", "PromptLookupDrafter", "ParallelDrafter", "Schedule", "make_schedule",
     # submodules
-    "adapter", "bench", "drafters", "formats", "graphs", "heads", "masks", "nn", "recipes", "sampling", "schedule",
-    "testing", "training", "trees", "verify",
+    "adapter", "bench", "drafters", "formats", "graphs", "heads", "inputs", "kernels", "masks", "nn", "recipes", "rows",
+    "sampling", "schedule", "stats", "step", "testing", "training", "trees", "verify",
 ]

@@ -4,5 +4,8 @@ from .draft_model import DraftModelDrafter, DraftModelState
 from .eagle import EagleDrafter, EagleState
 from .prompt_lookup import PromptLookupDrafter, PromptLookupState
 
+from .parallel import ParallelDrafter, ParallelHead, ParallelState, last_committed_features
+
 __all__ = ["Drafter", "Feedback", "ProposeRequest", "DraftModelDrafter", "DraftModelState", "EagleDrafter",
            "EagleState", "PromptLookupDrafter", "PromptLookupState"]
+__all__ += ['ParallelDrafter', 'ParallelHead', 'ParallelState', 'last_committed_features']

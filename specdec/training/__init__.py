@@ -15,6 +15,9 @@ from .eagle import (
 )
 from .loop import FitRecord, cosine_schedule, fit, sample_windows
 
+from .medusa import (LoRALinear, Medusa2Result, MedusaTrainResult, apply_lora, distillation_kl, medusa_loss, merge_lora,
+                     train_medusa1, train_medusa2)
+
 __all__ = [
     "FitRecord",
     "TrainRecord",
@@ -28,4 +31,8 @@ __all__ = [
     "train_eagle1",
     "train_eagle3",
     "ttt_forward",
+]
+__all__ += [
+    "MedusaTrainResult", "Medusa2Result", "LoRALinear", "apply_lora", "merge_lora", "medusa_loss",
+    "distillation_kl", "train_medusa1", "train_medusa2"
 ]

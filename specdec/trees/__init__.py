@@ -30,6 +30,10 @@ from .core import (
 from .dynamic import DynamicTree, ExpandFn, TreePolicy, grow_dynamic_tree, grow_dynamic_tree_ref
 from .static import SampledTree, StaticTree, as_policy
 
+from .level import LevelTree, as_level_policy, level_tree_draft, level_tree_draft_ref
+from .optimize import (RankAcceptance, comb_tree, count_rank_hits, expected_accept_length, measure_rank_acceptance,
+                       optimal_tree, sequoia_tree)
+
 __all__ = [
     "Tree", "TreeChoices", "compile_tree", "chain_tree", "depths_from_parents", "ancestor_matrix", "retrieve_paths",
     "validate_parents", "EAGLE_MC_SIM_7B_63", "MEDUSA_MC_SIM_7B_63", "MEDUSA_VICUNA_7B_STAGE2",
@@ -37,4 +41,8 @@ __all__ = [
     "MEDUSA_VICUNA_13B_STAGE1", "MEDUSA_VICUNA_33B_STAGE2", "MEDUSA_VICUNA_33B_STAGE1", "MEDUSA_ZEPHYR_STAGE2",
     "TREE_PRESETS", "StaticTree", "SampledTree", "DynamicTree", "ExpandFn", "TreePolicy", "as_policy",
     "grow_dynamic_tree", "grow_dynamic_tree_ref",
+]
+__all__ += [
+    "LevelTree", "as_level_policy", "level_tree_draft", "level_tree_draft_ref", "RankAcceptance", "comb_tree",
+    "count_rank_hits", "measure_rank_acceptance", "expected_accept_length", "optimal_tree", "sequoia_tree"
 ]
