@@ -114,9 +114,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--warmup", type=int, default=2, help="prompts run untimed first")
     ap.add_argument("--max-seconds", type=float, default=None, help="time budget of the timed loop")
+    ap.add_argument("--no-cudnn-sdpa", action="store_true",
+                    help="disable cuDNN SDPA process-wide (every method, HF peers included): with a custom mask it "
+                         "re-plans for every new shape")
     ap.add_argument("--out", default="runs/medusa_ablation")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test on tiny models (seconds)")
     args = ap.parse_args(argv)
+    if args.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = None
