@@ -118,7 +118,8 @@ def calibration_prompts(token_lists: list, n: int, prompt_tokens: int, seed: int
     return out
 
 
-def build_tree(target, head, prompts, *, num_nodes: int, num_ranks: int, new_tokens: int, device) -> dict:
+def build_tree(target, head, prompts, *, num_nodes: int, num_ranks: int, new_tokens: int, device,
+               mode: str = "continuation") -> dict:
     """Measure the heads' per-depth / per-rank acceptance on ``prompts`` and build the optimised tree.
 
     Returns:
@@ -133,12 +134,13 @@ def build_tree(target, head, prompts, *, num_nodes: int, num_ranks: int, new_tok
     t0 = time.time()
     acc = measure_rank_acceptance(target, lambda t: recipes.medusa(head, t), [p.to(device) for p in prompts],
                                   num_levels=depth, num_ranks=num_ranks, max_new_tokens=new_tokens, eos_token_id=[],
-                                  progress=True)
+                                  mode=mode, progress=True)
     tree = optimal_tree(acc, num_nodes)
     exact = sequoia_tree(acc, num_nodes)
     mc_sim = [p for p in MEDUSA_MC_SIM_7B_63 if len(p) <= depth]
     return {
         "num_nodes": num_nodes,
+        "calibration_mode": mode,
         "choices": [list(p) for p in tree],
         "sequoia_choices": [list(p) for p in exact],
         "acceptance": acc.probs.tolist(),
@@ -198,6 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--calib-new-tokens", type=int, default=64)
     parser.add_argument("--num-nodes", type=int, default=None, help="tree budget (default: mc_sim_7b_63's, 63)")
     parser.add_argument("--num-ranks", type=int, default=10, help="ranks measured per depth (Medusa's TOPK)")
+    parser.add_argument("--calib-mode", choices=("continuation", "prefix"), default="continuation",
+                        help="acceptance against the target's continuation (Medusa's heads_accuracy) or given the "
+                             "accepted prefix (see specdec.trees.optimize.measure_rank_acceptance)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="CPU smoke test: a tiny model from a config, seconds")
     args = parser.parse_args(argv)
@@ -269,7 +274,7 @@ def main(argv=None) -> int:
     prompts = calibration_prompts(token_lists, args.calib_prompts, args.calib_prompt_tokens, args.seed + 1)
     num_nodes = args.num_nodes or len(MEDUSA_MC_SIM_7B_63)
     tree = build_tree(target, head, prompts, num_nodes=num_nodes, num_ranks=args.num_ranks,
-                      new_tokens=args.calib_new_tokens, device=device)
+                      new_tokens=args.calib_new_tokens, device=device, mode=args.calib_mode)
     (out / "tree.json").write_text(json.dumps(tree, indent=1) + "\n")
     summary["tree"] = {k: tree[k] for k in ("num_nodes", "calibration_steps", "calibration_prompts", "model_tau")}
     summary["total_seconds"] = time.time() - t_start

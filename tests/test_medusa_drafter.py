@@ -237,3 +237,24 @@ def test_typical_decoding_equals_greedy_decoding_as_temperature_goes_to_zero(tar
     assert cold.stats.tau > 1.0
     # and at T = 1 it accepts at least as long a prefix as the argmax match would on the same steps' drafts
     assert process_logits(torch.tensor([[3.0, 1.0]]), SamplingParams(1e-4)).max() == 1.0
+
+
+# --------------------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU)
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_training_with_autocast_and_greedy_identity():
+    model = tiny_model("llama", seed=0, scale=4.0).cuda()
+    head = train_medusa1(model, _self_distilled(model).cuda(), num_heads=4, steps=40, batch_size=8, seq_len=24,
+                         lr=1e-2, labels="target", progress=False).head
+    assert head.device.type == "cuda" and head.dtype == torch.float32
+    ids = torch.randint(1, VOCAB, (3, 6), generator=torch.Generator().manual_seed(1)).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=24)
+    for tree in ("chain", "mc_sim_7b_63"):
+        spec = generate(model, ids, attention_mask=mask, drafter=recipes.medusa(head, tree), max_new_tokens=24)
+        assert torch.equal(spec.sequences, plain.sequences)

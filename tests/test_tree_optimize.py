@@ -182,3 +182,66 @@ def test_optimal_tree_at_medusas_budget_is_a_valid_63_node_tree():
     tree = compile_tree(optimal_tree(a, len(MEDUSA_MC_SIM_7B_63)))
     assert tree.num_nodes == 63 and tree.max_depth <= 4
     assert expected_accept_length(tree, a) >= expected_accept_length(MEDUSA_MC_SIM_7B_63, a) - 1e-12
+
+
+class _OracleHead:
+    """A stateful parallel head that knows the target's greedy continuation: level d's logits put the true token
+    d positions after the root first and a fixed wrong token second. Its start / update hooks track the root's
+    position from the feedback (checked against the request in level_logits)."""
+
+    def __init__(self, continuation: list, prompt_len: int, num_levels: int, vocab: int):
+        self.continuation, self.prompt_len = continuation, prompt_len
+        self.num_levels, self.vocab_size, self.feature_layers = num_levels, vocab, ()
+        self.calls = {"start": 0, "update": 0}
+
+    def _root(self, feedback, previous):
+        valid = feedback.valid[0]
+        if not bool(valid.any()):
+            return previous
+        return int(feedback.positions[0][valid].max()) + 1
+
+    def start(self, feedback):
+        self.calls["start"] += 1
+        return self._root(feedback, None)
+
+    def update(self, state, feedback):
+        self.calls["update"] += 1
+        return self._root(feedback, state)
+
+    def level_logits(self, state, request):
+        assert state == int(request.root_positions[0])
+        logits = torch.zeros(1, self.num_levels, self.vocab_size)
+        for d in range(1, self.num_levels + 1):
+            j = state + d - self.prompt_len
+            true = self.continuation[j] if j < len(self.continuation) else 0
+            logits[0, d - 1, true] = 2.0
+            logits[0, d - 1, (true + 1) % self.vocab_size] = 1.0
+        return logits
+
+
+@pytest.mark.parametrize("mode", ["prefix", "continuation"])
+def test_an_oracle_parallel_head_measures_rank_zero_always_right(target, mode):
+    from specdec.drafters.parallel import ParallelDrafter
+    from specdec.generate import generate
+
+    prompt = _prompts(1, 9)[0]
+    continuation = generate(target, prompt, max_new_tokens=30, eos_token_id=[]).sequences[0, prompt.shape[1]:].tolist()
+    oracle = _OracleHead(continuation, prompt.shape[1], 3, 97)
+    acc = measure_rank_acceptance(target, lambda t: ParallelDrafter(oracle, t), [prompt], num_levels=3, num_ranks=2,
+                                  max_new_tokens=24, eos_token_id=[], mode=mode)
+    assert oracle.calls["start"] == 1 and oracle.calls["update"] == acc.num_steps
+    assert acc.probs[:, 0].tolist() == [1.0, 1.0, 1.0] and acc.probs[:, 1].tolist() == [0.0, 0.0, 0.0]
+    out = generate(target, prompt, drafter=ParallelDrafter(oracle, [(0,), (0, 0), (0, 0, 0)]), max_new_tokens=24,
+                   eos_token_id=[])
+    assert out.sequences[0, prompt.shape[1]:].tolist() == continuation[:24]
+    assert out.stats.acceptance_per_depth == (1.0, 1.0, 1.0)  # every draft accepted (the budget trims the last)
+
+
+def test_continuation_mode_counts_every_step_at_every_reachable_depth(target):
+    torch.manual_seed(0)
+    head = MedusaHead.from_target(target, num_heads=2)
+    acc = measure_rank_acceptance(target, lambda t: recipes.medusa(head, t), _prompts(2, 4), num_levels=2,
+                                  num_ranks=3, max_new_tokens=10, mode="continuation")
+    assert bool((acc.tries == acc.tries[:, :1]).all()) and int(acc.tries[0, 0]) >= acc.num_steps - 2
+    with pytest.raises(ValueError, match="mode"):
+        measure_rank_acceptance(target, lambda t: recipes.medusa(head, t), _prompts(1), num_levels=2, mode="both")

@@ -36,7 +36,8 @@ import torch
 
 from .core import ancestor_matrix, compile_tree
 
-__all__ = ["RankAcceptance", "comb_tree", "count_rank_hits", "measure_rank_acceptance", "expected_accept_length",
+__all__ = ["RankAcceptance", "comb_tree", "count_rank_hits", "rank_candidates", "measure_rank_acceptance",
+           "expected_accept_length",
            "optimal_tree", "sequoia_tree"]
 
 Path = tuple[int, ...]
@@ -119,14 +120,73 @@ def count_rank_hits(target_logits: torch.Tensor, draft, num_levels: int, num_ran
     return hits.view(num_levels, num_ranks), tries.view(num_levels, num_ranks)
 
 
+def rank_candidates(draft, num_levels: int, num_ranks: int) -> torch.Tensor:
+    """The draft's token for each (depth, rank): the first node (lowest index) of that depth and sibling rank.
+
+    For level-wise drafters (Medusa) every node of a depth and rank holds the same token; for drafters whose
+    candidates depend on the parent (EAGLE) the first node sits under the lowest-index parent (the top-1 path in
+    :func:`comb_tree`).
+
+    Args:
+        draft: a :class:`~specdec.types.Draft`.
+            Shape: tokens ``[B, N]``, parents and depths ``[B, N + 1]``.
+        num_levels: ``D``.
+        num_ranks: ``R``.
+
+    Returns:
+        Shape ``[B, D, R]`` int64, ``-1`` where the draft has no such node.
+    """
+    parents = draft.parents
+    B, W = parents.shape
+    nodes = torch.arange(W, device=parents.device)
+    present = (parents >= 0) & (nodes > 0)
+    same_parent = (parents[:, :, None] == parents[:, None, :]) & present[:, None, :] & (nodes[None, :] < nodes[:, None])
+    rank = same_parent.sum(-1)
+    slot = torch.where(present & (draft.depths <= num_levels) & (rank < num_ranks),
+                       (draft.depths - 1) * num_ranks + rank, num_levels * num_ranks)      # last slot: discarded
+    first = torch.full((B, num_levels * num_ranks + 1), W, dtype=torch.long, device=parents.device)
+    first = first.scatter_reduce(1, slot, nodes.expand(B, W), reduce="amin")[:, :-1]
+    pad = torch.full((B, 1), -1, dtype=torch.long, device=parents.device)
+    tokens = torch.cat([pad, draft.tokens, pad], 1)  # node i's token is tokens[:, i]; index W (no node) is -1
+    return tokens.gather(1, first).view(B, num_levels, num_ranks)
+
+
+def _continuation_counts(candidates: list, generated: torch.Tensor, accepted: list, num_levels: int,
+                         num_ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # step i's root is generated[s_i] with s_i = sum_{j < i} (accepted_j + 1); its depth-d truth is generated[s_i + d]
+    hits = torch.zeros(num_levels, num_ranks, dtype=torch.long)
+    tries = torch.zeros_like(hits)
+    start = 0
+    for cand, n in zip(candidates, accepted):
+        if cand is not None:
+            for d in range(1, num_levels + 1):
+                if start + d >= generated.numel():
+                    break
+                row = cand[d - 1]
+                tries[d - 1] += (row >= 0).long()
+                hits[d - 1] += ((row >= 0) & (row == generated[start + d])).long()
+        start += n + 1
+    return hits, tries
+
+
 def measure_rank_acceptance(target, make_drafter: Callable, prompts: Sequence[torch.Tensor], *, num_levels: int,
-                            num_ranks: int = 10, probe_tree=None, max_new_tokens: int = 64,
+                            num_ranks: int = 10, probe_tree=None, max_new_tokens: int = 64, mode: str = "prefix",
                             eos_token_id=None, progress: bool = False) -> RankAcceptance:
     """Measure per-depth, per-rank acceptance of a drafter by greedy decoding of calibration prompts.
 
     Each prompt is decoded (batch 1, greedy, so the output is the target's own) with the drafter built for the
-    probe tree; a counting verifier sees every step's target logits and draft (:func:`count_rank_hits`) and then
-    verifies greedily. Use calibration text the drafter was trained on or like it, never the evaluation prompts.
+    probe tree; a counting verifier sees every step's target logits and draft and then verifies greedily. Two
+    estimates of ``a[d, r]``:
+
+    - ``mode="prefix"``: given the accepted prefix (:func:`count_rank_hits`): a node is tried when its parent's
+      whole path is the target's, and hits when its token is the target's next one. With the default probe the
+      parents are the top-1 path, so where drafters are right together (easy text), deeper ranks look better than
+      they are under other parents.
+    - ``mode="continuation"``: Medusa's own ``heads_accuracy``: the draft's rank-``r`` candidate at depth ``d``
+      (:func:`rank_candidates`) against the token the target actually emitted ``d`` positions after the step's root,
+      whether or not the path above was accepted. Exact for level-wise drafters, whose candidates ignore the parent.
+
+    Use calibration text the drafter was trained on or like it, never the evaluation prompts.
 
     Args:
         target: the HF causal LM.
@@ -153,26 +213,45 @@ def measure_rank_acceptance(target, make_drafter: Callable, prompts: Sequence[to
     from ..generate import generate
     from ..verify import verify_greedy
 
+    if mode not in ("prefix", "continuation"):
+        raise ValueError(f"mode must be 'prefix' (given the accepted prefix) or 'continuation' (against the target's "
+                         f"own continuation, Medusa's heads_accuracy), got {mode!r}")
     probe = comb_tree(num_levels, num_ranks) if probe_tree is None else probe_tree
     drafter = make_drafter(probe)
-    totals = {"hits": None, "tries": None, "steps": 0}
+    totals = {"hits": torch.zeros(num_levels, num_ranks, dtype=torch.long),
+              "tries": torch.zeros(num_levels, num_ranks, dtype=torch.long), "steps": 0}
+    step_candidates: list = []
 
     def counting_verifier(target_logits, draft, source=None, *, max_depth=None):
         if draft.num_nodes == 0:  # a plain step (the token budget left no room to draft)
+            step_candidates.append(None)
             return verify_greedy(target_logits, draft, max_depth=max_depth)
-        hits, tries = count_rank_hits(target_logits, draft, num_levels, num_ranks)
-        totals["hits"] = hits if totals["hits"] is None else totals["hits"] + hits
-        totals["tries"] = tries if totals["tries"] is None else totals["tries"] + tries
+        if mode == "prefix":
+            hits, tries = count_rank_hits(target_logits, draft, num_levels, num_ranks)
+            totals["hits"] += hits.cpu()
+            totals["tries"] += tries.cpu()
+        else:
+            step_candidates.append(rank_candidates(draft, num_levels, num_ranks)[0].cpu())
         totals["steps"] += 1
         return verify_greedy(target_logits, draft, max_depth=max_depth)
 
     for ids in tqdm(prompts, desc="calibration", disable=not progress):
         ids = ids if ids.dim() == 2 else ids[None]
-        generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                 verifier=counting_verifier)
-    if totals["hits"] is None:
+        if ids.shape[0] != 1:
+            raise ValueError(f"calibration prompts are decoded one at a time: give [1, T] tensors, got "
+                             f"{tuple(ids.shape)}")
+        step_candidates.clear()
+        out = generate(target, ids, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                       verifier=counting_verifier)
+        if mode == "continuation":
+            generated = out.sequences[0, ids.shape[1]: ids.shape[1] + int(out.num_new_tokens[0])].cpu()
+            accepted = [row[0] for row in out.stats.num_accepted_per_step]
+            hits, tries = _continuation_counts(step_candidates, generated, accepted, num_levels, num_ranks)
+            totals["hits"] += hits
+            totals["tries"] += tries
+    if totals["steps"] == 0:
         raise ValueError("no draft was verified: give calibration prompts and max_new_tokens >= 2")
-    hits, tries = totals["hits"].cpu(), totals["tries"].cpu()
+    hits, tries = totals["hits"], totals["tries"]
     probs = torch.where(tries > 0, hits.double() / tries.clamp(min=1).double(), torch.zeros((), dtype=torch.float64))
     return RankAcceptance(probs, hits, tries, totals["steps"])
 
