@@ -32,6 +32,7 @@ from .static import SampledTree, StaticTree, as_policy
 
 from .level import LevelTree, as_level_policy, level_tree_draft, level_tree_draft_ref
 from .optimize import (RankAcceptance, comb_tree, count_rank_hits, expected_accept_length, measure_rank_acceptance,
+                       rank_candidates,
                        optimal_tree, sequoia_tree)
 
 __all__ = [
@@ -46,3 +47,4 @@ __all__ += [
     "LevelTree", "as_level_policy", "level_tree_draft", "level_tree_draft_ref", "RankAcceptance", "comb_tree",
     "count_rank_hits", "measure_rank_acceptance", "expected_accept_length", "optimal_tree", "sequoia_tree"
 ]
+__all__ += ["rank_candidates"]
