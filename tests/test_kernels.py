@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 import specdec as sd
 from specdec.adapter import CacheState, ModelAdapter
@@ -33,7 +34,8 @@ from specdec.kernels import (
     tree_mask_ref,
     triton_available,
 )
-from tiny_models import tiny_model
+from specdec.masks import to_aligned_additive_mask
+from specdec.trees import ancestor_matrix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernels = pytest.mark.skipif(
@@ -146,16 +148,21 @@ def test_tree_mask_reference_is_what_the_adapter_builds():
     _, state = adapter.prefill(ids, attention)
     captured = []
     run = adapter._run
-    adapter._run = lambda tokens, mask, positions, cache, logits_to_keep=0: (
-        captured.append(mask), run(tokens, mask, positions, cache, logits_to_keep))[1]
+    adapter._run = lambda tokens, mask, positions, cache, **kw: (
+        captured.append(mask), run(tokens, mask, positions, cache, **kw))[1]
     first = (torch.tensor([[11, 12, 13], [14, 15, 16]]), torch.tensor([[-1, 0, -1], [-1, -1, 0]]),
              torch.tensor([[True, True, False], [True, True, True]]))
     second = (torch.tensor([[21, 22], [23, 24]]), torch.tensor([[1, 3], [2, 3]]), torch.tensor([[True, True]] * 2))
     for tokens, parents, present in (first, second):
         all_parents = torch.cat([state.pending_parents, parents], 1)
         want = tree_mask_ref(state.committed_valid, all_parents, present, model.dtype, lengths=state.lengths)
+        # What ModelAdapter.forward built before the kernel was wired in: ancestor matrix + prefix, aligned.
+        anc = ancestor_matrix(all_parents)[:, -present.shape[1]:]
+        prefix = state.committed_valid[:, None, :] & present[:, :, None]
+        before = to_aligned_additive_mask(torch.cat([prefix, anc], 2)[:, None], model.dtype)
         _, state = adapter.forward(state, tokens, parents, want.positions, present)
         assert torch.equal(captured[-1], want.mask) and captured[-1].stride() == want.mask.stride()
+        assert torch.equal(want.mask, before) and want.mask.stride() == before.stride()
     # positions = committed length + depth in the pending forest
     assert want.positions.tolist() == [[6 + 2, 6 + 3], [4 + 2, 4 + 3]]
 
@@ -357,37 +364,10 @@ def test_import_without_triton_falls_back_to_the_references():
                    env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
 
 
-def _wired_forward(self, state, tokens, parents, positions, present=None):
-    """ModelAdapter.forward with the wiring-guide change: the mask from specdec.kernels.tree_mask."""
-    if present is None:
-        present = torch.ones_like(tokens, dtype=torch.bool)
-    all_parents = torch.cat([state.pending_parents, parents], 1)
-    all_present = torch.cat([state.pending_present, present], 1)
-    mask = tree_mask(state.committed_valid, all_parents, present, self.model.dtype).mask
-    out = self._run(tokens, mask, positions, state.cache)
-    return out, state._replace(pending_parents=all_parents, pending_present=all_present)
-
-
-def _wired_commit(self, state, keep, counts):
-    """ModelAdapter.commit with the wiring-guide change: every layer through specdec.kernels.compact_kv."""
-    B, A = keep.shape
-    Lc = state.committed_valid.shape[1]
-    layers = [layer for layer in state.cache.layers if layer.keys is not None]
-    keys, values = compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True)
-    for layer, k, v in zip(layers, keys, values):
-        layer.keys, layer.values = k, v
-    new_valid = torch.arange(A, device=keep.device)[None, :] < counts[:, None]
-    empty = torch.empty(B, 0, dtype=torch.long, device=keep.device)
-    return CacheState(state.cache, torch.cat([state.committed_valid, new_valid], 1), state.lengths + counts, empty,
-                      empty.bool())
-
-
 @needs_kernels
-def test_generate_with_the_kernels_wired_in_is_token_identical(monkeypatch):
-    from specdec.kernels import verify_greedy
-
-    generate_module = sys.modules["specdec.generate"]  # specdec.generate the attribute is the function
-
+def test_generate_with_the_kernels_wired_in_is_token_identical():
+    # generate() uses the kernels (mask fill, KV compaction, greedy verification) through their dispatchers:
+    # forced to the Triton path (the interpreter on CPU), its output equals the references' and plain greedy.
     target = tiny_model("llama", scale=4.0).to(DEVICE)
     draft = tiny_model("llama", seed=1, layers=1).to(DEVICE)
     ids = torch.randint(1, 97, (2, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -395,12 +375,12 @@ def test_generate_with_the_kernels_wired_in_is_token_identical(monkeypatch):
     attention[1, :3] = 0
     drafter = sd.DraftModelDrafter(draft, num_drafts=3, tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
     plain = sd.generate(target, ids, attention_mask=attention, max_new_tokens=12)
-    monkeypatch.setattr(ModelAdapter, "forward", _wired_forward)
-    monkeypatch.setattr(ModelAdapter, "commit", _wired_commit)
-    monkeypatch.setattr(generate_module, "verify_greedy", verify_greedy)
+    with kernel_mode("torch"):
+        reference = sd.generate(target, ids, attention_mask=attention, drafter=drafter, max_new_tokens=12)
     with kernel_mode("triton"):
         wired = sd.generate(target, ids, attention_mask=attention, drafter=drafter, max_new_tokens=12)
-    assert torch.equal(wired.sequences, plain.sequences)
+    assert torch.equal(wired.sequences, plain.sequences) and torch.equal(reference.sequences, plain.sequences)
+    assert wired.stats.num_accepted_per_step == reference.stats.num_accepted_per_step
     assert wired.stats.tau > 1.0  # drafts were accepted, so paths were compacted and trees masked
 
 
