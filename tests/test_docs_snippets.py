@@ -112,7 +112,7 @@ def test_python_snippets_run(path, tmp_path, monkeypatch):
             continue
         where = f"{path.relative_to(ROOT)}:{block.line}"
         try:
-            exec(compile(block.code, where, "exec"), namespace)
+            exec(compile(block.code, where, "exec"), namespace)  # noqa: S102 -- running the docs is the test
         except Exception as error:  # name the block: pytest's traceback shows only "<string>" lines otherwise
             raise AssertionError(f"the ```python block at {where} failed: {type(error).__name__}: {error}") from error
         ran += 1
