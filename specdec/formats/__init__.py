@@ -4,7 +4,6 @@
   (load and :func:`export_speculators`), hub ids or local paths.
 """
 from .eagle import export_speculators, load_eagle_head, read_state_dict, save_eagle_head
-
 from .medusa import MedusaFormatError, MedusaMismatchError, load_medusa_head, read_medusa_state_dict, save_medusa_head
 
 __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]

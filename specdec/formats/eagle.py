@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from ..heads.eagle import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers, target_dims
+from .common import read_weights
 
 __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]
 
@@ -59,14 +60,6 @@ def _resolve(path_or_hub_id) -> Path:
     return Path(snapshot_download(str(path_or_hub_id), allow_patterns=["*.json", "*.safetensors", "*.bin"]))
 
 
-def _load_file(path: Path) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(str(path), map_location="cpu", weights_only=True)
-
-
 def read_state_dict(folder) -> dict[str, torch.Tensor]:
     """Read the raw weights of a checkpoint folder (single or sharded, safetensors or PyTorch bin).
 
@@ -82,21 +75,7 @@ def read_state_dict(folder) -> dict[str, torch.Tensor]:
     References:
         HF ``model.safetensors.index.json`` sharding convention.
     """
-    folder = Path(folder)
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = folder / index_name
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state: dict = {}
-            for shard in shards:
-                state.update(_load_file(folder / shard))
-            return state
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).exists():
-            return _load_file(folder / name)
-    found = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-    raise FileNotFoundError(f"no weights in {folder}: expected model.safetensors, pytorch_model.bin or a sharded "
-                            f"index; found {found}")
+    return read_weights(folder)
 
 
 def _normalize_keys(state: dict) -> dict:

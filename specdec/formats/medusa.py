@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from ..heads.medusa import MedusaConfig, MedusaHead, medusa_target_dims
+from .common import read_weights
 
 __all__ = ["load_medusa_head", "save_medusa_head", "read_medusa_state_dict", "MedusaMismatchError",
            "MedusaFormatError"]
@@ -73,17 +74,6 @@ def _resolve(path_or_hub_id) -> Path:
     return Path(snapshot_download(str(path_or_hub_id), allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt"]))
 
 
-def _load_file(path: Path) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise MedusaFormatError(f"{path} does not hold a state dict (got {type(state).__name__})")
-    return state
-
-
 def read_medusa_state_dict(folder) -> dict[str, torch.Tensor]:
     """Read the raw Medusa weights of a checkpoint folder, with the file's own key names.
 
@@ -99,23 +89,11 @@ def read_medusa_state_dict(folder) -> dict[str, torch.Tensor]:
     Raises:
         FileNotFoundError: no weights file in the folder.
     """
-    folder = Path(folder)
-    for name in _WEIGHT_FILES:
-        if (folder / name).exists():
-            return _load_file(folder / name)
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = folder / index_name
-        if index.exists():
-            state: dict = {}
-            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-                state.update(_load_file(folder / shard))
-            return state
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).exists():
-            return _load_file(folder / name)
-    found = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-    raise FileNotFoundError(f"no Medusa weights in {folder}: expected medusa_lm_head.safetensors / .pt (Medusa "
-                            f"authors) or model.safetensors (vLLM); found {found}")
+    try:
+        return read_weights(folder, first=_WEIGHT_FILES, what="Medusa weights",
+                            expected="medusa_lm_head.safetensors / .pt (Medusa authors) or model.safetensors (vLLM)")
+    except ValueError as e:  # a pickle without a state dict
+        raise MedusaFormatError(str(e)) from None
 
 
 def _strip_prefixes(state: dict) -> dict:

@@ -1,0 +1,78 @@
+"""Reading weight files, shared by every checkpoint format: single or sharded, safetensors or PyTorch bin."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["load_weight_file", "read_weights"]
+
+_STANDARD = ("model.safetensors", "pytorch_model.bin")
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def load_weight_file(path: Path) -> dict[str, torch.Tensor]:
+    """Load one weight file (``.safetensors`` or a PyTorch pickle, read with ``weights_only=True``) on CPU.
+
+    Args:
+        path: the file.
+
+    Returns:
+        ``{key: tensor}``.
+
+    Raises:
+        ValueError: a pickle that holds something other than a state dict.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__}): save the weights with "
+                         f"torch.save(module.state_dict(), path)")
+    return state
+
+
+def read_weights(folder, *, first: Sequence[str] = (), what: str = "weights",
+                 expected: str = "model.safetensors, pytorch_model.bin or a sharded index") -> dict[str, torch.Tensor]:
+    """Read the raw weights of a checkpoint folder, with the files' own key names.
+
+    Looks for the format's own file names (``first``) in order, then a sharded index
+    (``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``), then ``model.safetensors`` /
+    ``pytorch_model.bin``.
+
+    Args:
+        folder: a local folder.
+        first: file names of the format's own layout, tried before the standard ones.
+        what: how the error names the weights (e.g. ``"Medusa weights"``).
+        expected: what the error says it looked for.
+
+    Returns:
+        ``{key: tensor}`` on CPU.
+
+    Raises:
+        FileNotFoundError: no weights file in the folder (the error lists what is there).
+
+    References:
+        HF ``model.safetensors.index.json`` sharding convention.
+    """
+    folder = Path(folder)
+    for name in first:
+        if (folder / name).exists():
+            return load_weight_file(folder / name)
+    for index_name in _INDEXES:
+        index = folder / index_name
+        if index.exists():
+            state: dict = {}
+            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+                state.update(load_weight_file(folder / shard))
+            return state
+    for name in _STANDARD:
+        if (folder / name).exists():
+            return load_weight_file(folder / name)
+    found = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    raise FileNotFoundError(f"no {what} in {folder}: expected {expected}; found {found}")
