@@ -199,6 +199,23 @@ def _race_tile(weights, exps, lanes_ok, best, index, start):
 
 
 @jit
+def _race_start(c, chunk, vocab):
+    """Vocabulary chunk ``c``'s lanes ``[lo, hi)`` and two empty races (residual, target) starting at ``lo``."""
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, vocab)
+    return lo, hi, tl.full((), -float("inf"), tl.float64), lo, tl.full((), -float("inf"), tl.float64), lo
+
+
+@jit
+def _store_partials(score_ptr, index_ptr, base, best_r, index_r, best_p, index_p):
+    """Write a chunk's two race winners (residual race, then target race) at ``base`` of the partials."""
+    tl.store(score_ptr + base, best_r)
+    tl.store(index_ptr + base, index_r)
+    tl.store(score_ptr + base + 1, best_p)
+    tl.store(index_ptr + base + 1, index_p)
+
+
+@jit
 def _race_finish_kernel(score_ptr, index_ptr, current_ptr, next_ptr, path_ptr, num_ptr, parents_ptr, depths_ptr,
                         num_chunks, path_width, stride_pb, stride_pn, stride_db, stride_dn, BLOCK_D: tl.constexpr):
     """Per row: the next token from the race partials (residual first, the target row if it had no mass), and
@@ -484,12 +501,7 @@ def _chain_race_kernel(target_ptr, draft_ptr, tokens_ptr, parents_ptr, uniforms_
 
     p_row = target_ptr + row * stride_tb + n * stride_tn
     q_row = draft_ptr + row * stride_qb + at * stride_qn
-    lo = c * chunk
-    hi = tl.minimum(lo + chunk, vocab)
-    best_r = tl.full((), -float("inf"), tl.float64)
-    best_p = tl.full((), -float("inf"), tl.float64)
-    index_r = lo
-    index_p = lo
+    lo, hi, best_r, index_r, best_p, index_p = _race_start(c, chunk, vocab)
     for start in range(lo, hi, BLOCK_V):
         lanes = start + tl.arange(0, BLOCK_V)
         inside = lanes < hi
@@ -503,11 +515,7 @@ def _chain_race_kernel(target_ptr, draft_ptr, tokens_ptr, parents_ptr, uniforms_
         residual = tl.where(rejected, residual, p)
         best_r, index_r = _race_tile(residual, exps, inside, best_r, index_r, start)
         best_p, index_p = _race_tile(p, exps, inside, best_p, index_p, start)
-    base = (row * num_chunks + c) * 2
-    tl.store(score_ptr + base, best_r)
-    tl.store(index_ptr + base, index_r)
-    tl.store(score_ptr + base + 1, best_p)
-    tl.store(index_ptr + base + 1, index_p)
+    _store_partials(score_ptr, index_ptr, (row * num_chunks + c) * 2, best_r, index_r, best_p, index_p)
 
 
 def _launch_finish(scores, indices, current, draft, depth, num_chunks):
@@ -723,12 +731,7 @@ def _tree_race_kernel(target_ptr, tokens_ptr, parents_ptr, uniforms_ptr, exps_pt
     num_children = tl.sum(children, 0)
     group = tl.arange(0, BLOCK_C)
     p_row = target_ptr + row * stride_tb + current * stride_tn
-    lo = c * chunk
-    hi = tl.minimum(lo + chunk, vocab)
-    best_r = tl.full((), -float("inf"), tl.float64)
-    best_p = tl.full((), -float("inf"), tl.float64)
-    index_r = lo
-    index_p = lo
+    lo, hi, best_r, index_r, best_p, index_p = _race_start(c, chunk, vocab)
     for start in range(lo, hi, BLOCK_V):
         lanes = start + tl.arange(0, BLOCK_V)
         inside = lanes < hi
@@ -742,11 +745,7 @@ def _tree_race_kernel(target_ptr, tokens_ptr, parents_ptr, uniforms_ptr, exps_pt
         residual = tl.where(excluded, 0.0, p)
         best_r, index_r = _race_tile(residual, exps, inside, best_r, index_r, start)
         best_p, index_p = _race_tile(p, exps, inside, best_p, index_p, start)
-    base = (row * num_chunks + c) * 2
-    tl.store(score_ptr + base, best_r)
-    tl.store(index_ptr + base, index_r)
-    tl.store(score_ptr + base + 1, best_p)
-    tl.store(index_ptr + base + 1, index_p)
+    _store_partials(score_ptr, index_ptr, (row * num_chunks + c) * 2, best_r, index_r, best_p, index_p)
 
 
 def _verify_tree_deterministic_noise_triton(target_probs, draft, uniforms, exponentials, max_depth) -> VerifyResult:
