@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from .core import ancestor_matrix, compile_tree
+from .core import Tree, ancestor_matrix, compile_tree
 
 __all__ = ["RankAcceptance", "comb_tree", "count_rank_hits", "rank_candidates", "measure_rank_acceptance",
            "expected_accept_length",
@@ -289,6 +289,8 @@ def expected_accept_length(tree, acceptance) -> float:
     """
     a = _table(acceptance)
     total = 1.0
+    if not isinstance(tree, Tree) and len(tree) == 0:  # no drafts (e.g. nothing was ever accepted): tau is 1
+        return total
     for path in compile_tree(tree).choices:
         value = 1.0
         for depth, rank in enumerate(path):
