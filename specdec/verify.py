@@ -676,7 +676,8 @@ def verify_typical(
     *typical* iff ``p(x) > min(epsilon, alpha * exp(-H(p)))``. A node is accepted iff it and all its ancestors
     are typical (greedy, no coins); the chosen node is the deepest accepted one (ties: the largest summed
     ``log p`` along the path, then the smallest index). The next token is sampled from the chosen node's ``p``
-    restricted to ``{v : p(v) >= threshold}`` (Medusa ``get_typical_one_token``; the argmax is always kept).
+    restricted to ``{v : p(v) >= threshold}`` (Medusa ``get_typical_one_token``; the argmax is always kept). A
+    draft with no nodes (``N = 0``) samples the root's ``p`` unrestricted, as plain decoding does.
 
     Args:
         target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
@@ -704,6 +705,9 @@ def verify_typical(
     depth = _depth(draft, max_depth)
     source = as_source(source)
     target = target_probs.to(_work_dtype(target_probs))
+    if nodes == 0:  # nothing drafted (e.g. no room left in the token budget): plain decoding, the whole target law
+        root = torch.zeros(batch, dtype=torch.long, device=target.device)
+        return _result(root, source.categorical(target[:, 0]), draft, depth)
     entropy = -torch.xlogy(target, target).sum(-1)
     threshold = torch.minimum(
         torch.full_like(entropy, posterior_threshold), posterior_alpha * torch.exp(-entropy)
@@ -715,7 +719,7 @@ def verify_typical(
     root = torch.ones(batch, 1, dtype=torch.bool, device=target.device)
     accepted = _and_over_path(torch.cat([root, typical], dim=1), draft.parents)
     log_p = torch.where(typical, p_x.clamp_min(torch.finfo(target.dtype).tiny).log(), torch.zeros_like(p_x))
-    path_log_p = _sum_over_path(torch.cat([torch.zeros_like(log_p[:, :1]), log_p], dim=1), draft.parents)
+    path_log_p = _sum_over_path(torch.cat([log_p.new_zeros(batch, 1), log_p], dim=1), draft.parents)
     deepest = torch.where(accepted, draft.depths, torch.full_like(draft.depths, -1)).amax(-1, keepdim=True)
     candidates = accepted & (draft.depths == deepest)
     best = torch.where(candidates, path_log_p, torch.full_like(path_log_p, -math.inf)).argmax(-1)
