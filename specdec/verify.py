@@ -185,7 +185,7 @@ def verifier_input(verifier: Verifier, logits: torch.Tensor, params: SamplingPar
         Shape ``[B, N + 1, V]``: logits, or float32 probabilities (float64 for float64 logits).
 
     References:
-        STYLE.md rule 7 (one contract between blocks); :class:`Verifier`.
+        :class:`Verifier` (the one calling convention of every verifier).
     """
     if getattr(verifier, "takes_logits", False):
         return logits
@@ -757,7 +757,10 @@ def select_verifier(scheme: DraftScheme, params: SamplingParams, *, chain: bool 
         ``lossless == True``.
 
     References:
-        See the verifiers' own references; the pairing rule follows research/engines.md section 8.
+        See the verifiers' own references. The pairing rule: the verifier's draft law must match how the drafts
+        were made (i.i.d. drafts: a fixed ``q``, SpecInfer arXiv 2305.09781; drafts without replacement: ``q``
+        renormalised after each removal, RSD arXiv 2402.14160 and Sequoia arXiv 2402.12374; deterministic top-k
+        drafts: target-only, EAGLE ``evaluate_posterior`` and SGLang ``tree_speculative_sampling_target_only``).
     """
     scheme = DraftScheme(scheme)
     if params.is_greedy:
@@ -794,7 +797,8 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
         [[5, 9, -1]]
 
     References:
-        DESIGN.md glossary (accepted, bonus, recovered); vLLM's ``-1``-padded ``[B, K + 1]`` output layout.
+        vLLM rejection sampler (``vllm/v1/sample/rejection_sampler.py``): its glossary (accepted, recovered,
+        bonus tokens) and its ``-1``-padded ``[B, K + 1]`` output layout.
     """
     nodes = result.accepted_nodes[:, 1:]
     on_path = nodes > 0

@@ -1,6 +1,6 @@
 """Tests of specdec.verify.
 
-Three tiers (STYLE.md 11): deterministic invariants; parity under shared noise; the law of the emitted tokens
+Three tiers: deterministic invariants; parity under shared noise; the law of the emitted tokens
 by exact enumeration of the real code (TV < 1e-9 against the target) and by Monte Carlo with a stated power,
 each with negative controls (known-wrong mutants, defined below) that must fail the same test.
 """
