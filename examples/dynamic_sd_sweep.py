@@ -1,7 +1,8 @@
 """Measure speedup against batch size for several K and derive a Dynamic SD schedule from it.
 
 Speculative decoding pays off while the target is launch- or memory-bound; as the batch grows, verifying
-B * (K + 1) tokens costs more and the best K falls (seed 004, vLLM's ``num_speculative_tokens_per_batch_size``).
+B * (K + 1) tokens costs more and the best K falls (Dynamic Speculative Decoding as vLLM configures it:
+``num_speculative_tokens_per_batch_size``).
 This script measures greedy tokens/s of ``specdec.generate`` for each (batch size, K), plots speedup over plain
 decoding against batch size, prints the best-K schedule in the ``[[start_bs, end_bs, K], ...]`` format, and
 checks it by decoding with ``schedule=``.
@@ -9,8 +10,8 @@ checks it by decoding with ``schedule=``.
 Examples::
 
     python examples/dynamic_sd_sweep.py                       # the demo's models, CPU, no download
-    python examples/dynamic_sd_sweep.py --target ../shared/models/pycoder-18m \
-        --draft ../shared/models/pycoder-draft-4m --data ../shared/data/pycode-heldout.jsonl --device cuda
+    python examples/dynamic_sd_sweep.py --target PATH/TO/pycoder-18m \
+        --draft PATH/TO/pycoder-draft-4m --data PATH/TO/pycode-heldout.jsonl --device cuda
 """
 from __future__ import annotations
 

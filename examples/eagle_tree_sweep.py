@@ -6,8 +6,8 @@ mean accepted length (tau) and the speed move with them on your target and promp
 
 Example (CPU, float32; the fixture target and a head from examples/train_eagle.py)::
 
-    python examples/eagle_tree_sweep.py --target ../shared/models/pycoder-18m --head runs/eagle/eagle1/final \
-        --data ../shared/data/pycode-heldout.jsonl --num-prompts 8 --depths 4 6 8 --totals 16 32 60 96
+    python examples/eagle_tree_sweep.py --target PATH/TO/pycoder-18m --head runs/eagle/eagle1/final \
+        --data PATH/TO/pycode-heldout.jsonl --num-prompts 8 --depths 4 6 8 --totals 16 32 60 96
 
 Greedy decoding; every output is checked against plain greedy decoding (``same output``), which holds exactly in
 float32.

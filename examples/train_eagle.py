@@ -1,11 +1,11 @@
 """Train EAGLE-1 and/or EAGLE-3 heads for a causal LM on a directory of Python sources, then measure them.
 
-Held-out split (DESIGN.md): a file is held out, and never trained on, when the SHA-1 of its bytes read as a
-hexadecimal integer is divisible by 50.
+Held-out split (the demo's, ``specdec.demo.build.is_heldout``): a file is held out, and never trained on, when
+the SHA-1 of its bytes read as a hexadecimal integer is divisible by 50.
 
 Example (the fixture target on one GPU, a few minutes per head)::
 
-    python examples/train_eagle.py --target /work/shared/models/pycoder-18m --data-dir /path/to/python/src \\
+    python examples/train_eagle.py --target PATH/TO/pycoder-18m --data-dir /path/to/python/src \\
         --steps 3000 --out-dir runs/eagle --device cuda
 
 Writes ``OUT/eagle1/final`` and ``OUT/eagle3/final`` (EAGLE authors' format, ``specdec.formats.load_eagle_head``),

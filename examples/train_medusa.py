@@ -9,9 +9,9 @@ cut from the training files with the heads, counting per-depth / per-rank accept
 
 Example (the fixture target on one H200, about 2-3 minutes per method)::
 
-    python examples/train_medusa.py --target ../shared/models/pycoder-18m --data-dir <site-packages> \\
+    python examples/train_medusa.py --target PATH/TO/pycoder-18m --data-dir <site-packages> \\
         --max-files 5000 --method medusa1 --out-dir runs/medusa1 --device cuda
-    python examples/train_medusa.py --target ../shared/models/pycoder-18m --data-dir <site-packages> \\
+    python examples/train_medusa.py --target PATH/TO/pycoder-18m --data-dir <site-packages> \\
         --max-files 5000 --method medusa2 --medusa1 runs/medusa1/medusa --out-dir runs/medusa2 --device cuda
 
 Writes to ``--out-dir``: ``medusa/`` (the heads, Medusa authors' layout: ``specdec.formats.load_medusa_head``),

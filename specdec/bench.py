@@ -1,7 +1,7 @@
 """Benchmark harness (Spec-Bench style): tokens/s, speedup, tau and acceptance per depth of decoding
 methods measured in one process and one run, with HF ``generate`` peers.
 
-Protocol (DESIGN.md): warm-up first, synchronised wall clock per prompt, tokens/s = new tokens / time,
+Protocol (Spec-Bench's): warm-up first, synchronised wall clock per prompt, tokens/s = new tokens / time,
 speedup against HF vanilla ``generate`` on the same model in the same run, tau = emitted tokens per target
 forward. Results go to JSON, a Markdown table and plots.
 

@@ -1,6 +1,6 @@
 """``generate()``: the speculative decoding loop around any HuggingFace causal LM.
 
-The loop only wires blocks (DESIGN.md, "One decoding step, as data"): inputs are checked and left-padded
+The loop only wires blocks: inputs are checked and left-padded
 (:mod:`specdec.inputs`), the prompt's pass starts the decoding state, and :func:`specdec.step.step` runs each step
 (draft, target forward, verify, keep the accepted path, tell the drafter); :class:`specdec.rows.Rows` keeps each
 row's tokens and stopping rules, :class:`specdec.stats.StatsRecorder` the statistics. A method (SpS, EAGLE-2,

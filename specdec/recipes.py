@@ -26,20 +26,16 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import torch
-
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle import EagleDrafter
 from .drafters.parallel import ParallelDrafter
 from .drafters.prompt_lookup import PromptLookupDrafter
 from .graphs import GraphedDrafter, cuda_graphed
 from .heads.eagle import Eagle1Head, Eagle3Head
-from .sampling import as_source
 from .trees.core import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, TREE_PRESETS
 from .trees.dynamic import DynamicTree
 from .trees.level import LevelTree
 from .trees.static import StaticTree
-from .types import VerifyResult
 from .verify import verify_greedy, verify_typical
 
 __all__ = ["sps", "prompt_lookup", "eagle1", "eagle2", "eagle3", "medusa", "medusa1", "medusa2", "medusa_tree",
@@ -257,11 +253,6 @@ def typical_acceptance(posterior_threshold: float = 0.09, posterior_alpha: float
     def verify_typical_lossy(target_probs, draft, source=None, *, max_depth=None):
         if source is None:  # generate() at temperature 0: raw logits, no randomness -> greedy
             return verify_greedy(target_probs, draft, max_depth=max_depth)
-        if draft.num_nodes == 0:  # a plain step (no room left to draft): sample the target as plain decoding does
-            path = torch.full((draft.tokens.shape[0], (max_depth or 0) + 1), -1, dtype=torch.long,
-                              device=target_probs.device)
-            path[:, 0] = 0
-            return VerifyResult(path, path[:, 0] * 0, as_source(source).categorical(target_probs[:, 0]))
         return verify_typical(target_probs, draft, source, posterior_threshold=posterior_threshold,
                               posterior_alpha=posterior_alpha, max_depth=max_depth)
 

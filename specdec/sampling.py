@@ -108,7 +108,9 @@ class RandomSource(Protocol):
     per row.
 
     References:
-        STYLE.md rule 6; vLLM v1 rejection sampler (noise drawn outside the kernel).
+        Randomness is an argument: the library never seeds or reads the global RNG. vLLM v1 rejection sampler
+        (``vllm/v1/sample/rejection_sampler.py``): noise is drawn outside the kernel, so the kernel is deterministic
+        given its inputs.
     """
 
     def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
@@ -317,7 +319,7 @@ class PerRowSource:
         [1, 0]
 
     References:
-        STYLE.md rule 6 (randomness is an argument).
+        Randomness is an argument (one generator per row here); the library never reads the global RNG.
     """
 
     def __init__(self, sources: Sequence[RandomSource | torch.Generator]) -> None:
@@ -376,7 +378,7 @@ def as_source(source: RandomSource | torch.Generator | None, *, greedy: bool = F
         TypeError: ``source`` is of another type.
 
     References:
-        STYLE.md rule 6 (randomness is an argument; the library never seeds or reads the global RNG).
+        Randomness is an argument: the library never seeds or reads the global RNG.
     """
     if source is None:
         if greedy:

@@ -1,4 +1,4 @@
-"""One decoding step as a function: typed inputs in, typed outputs out (DESIGN.md, "One decoding step, as data").
+"""One decoding step as a function: typed inputs in, typed outputs out (draft, target forward, verify, keep, update).
 
 ``generate()`` is a loop around :func:`step`; the same two functions drive decoding by hand, e.g. in a notebook::
 
@@ -111,10 +111,10 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
          clock: Callable[[str], None] | None = None) -> StepOutput:
     """One decoding step: draft, run the target, verify, keep the accepted path, tell the drafter.
 
-    Math (per row, glossary of DESIGN.md): the row emits its accepted drafts, then the next token (the bonus
-    token when the accepted path has no child left to try, else the recovered token); with a lossless verifier
-    the emitted tokens follow the target's law exactly. Without drafts the row emits one token, the argmax or
-    a draw from ``process_logits(target logits, sampling)``.
+    Math (per row; accepted / bonus / recovered as in vLLM's rejection sampler): the row emits its accepted
+    drafts, then the next token (the bonus token when the accepted path has no child left to try, else the
+    recovered token); with a lossless verifier the emitted tokens follow the target's law exactly. Without
+    drafts the row emits one token, the argmax or a draw from ``process_logits(target logits, sampling)``.
 
     Args:
         adapter: the target's :class:`~specdec.adapter.ModelAdapter`.

@@ -79,8 +79,8 @@ class EnumeratingSource:
         probability: the probability of the answers given so far.
 
     References:
-        research/engines.md section 2.5 (exact enumeration oracles); this one runs the real code instead of a
-        re-derivation of it.
+        Exact enumeration oracles (the accept / residual recursion of Leviathan et al., arXiv 2211.17192, over
+        every branch); this one runs the real code instead of a re-derivation of it.
     """
 
     def __init__(self, choices: Sequence[int] = ()) -> None:
@@ -179,7 +179,8 @@ def exact_distribution(
         {0: 0.25, 1: 0.75}
 
     References:
-        research/engines.md section 2.5, tier 3 (exact enumeration at tolerance 1e-12).
+        Exact enumeration of the verifier's output law, compared with the target's at tolerance 1e-12 (stricter
+        than vLLM's Monte Carlo test, ``tests/v1/sample/test_rejection_sampler.py``).
     """
     law: dict[Hashable, float] = defaultdict(float)
     stack: list[tuple[int, ...]] = [()]
@@ -224,7 +225,8 @@ class ToyLM:
         2
 
     References:
-        research/engines.md section 2.5 (tiny synthetic models with prefix-dependent laws).
+        Tiny synthetic models with prefix-dependent laws: a position-offset bug changes the law (vLLM's test
+        shares one ``p`` across positions and cannot see one).
     """
 
     def __init__(self, vocab_size: int, seed: int, peakiness: float = 1.0, top_k: int = 0, top_p: float = 1.0):
@@ -499,7 +501,8 @@ def node_probs(model: ToyLM, prefix: Sequence[int], draft: Draft) -> torch.Tenso
         Float64 tensor of shape ``[B, N + 1, V]`` (``[:, i]``: the law of the token after node ``i``).
 
     References:
-        Tree attention: each node sees the prefix and its ancestors only (DESIGN.md, "Masks").
+        Tree attention: each node sees the prefix and its ancestors only (SpecInfer arXiv 2305.09781; Medusa
+        arXiv 2401.10774).
     """
     tokens = draft.tokens.cpu()
     batch, nodes = tokens.shape
@@ -619,8 +622,9 @@ def speculative_law(
         ValueError: a step emitted no token or a ``-1`` (a verifier bug; the law would otherwise never finish).
 
     References:
-        research/engines.md section 2.5 (enumeration oracles for chain, SpecInfer, without-replacement and
-        target-only verifiers).
+        Enumeration oracles for the chain (arXiv 2211.17192), SpecInfer i.i.d. (arXiv 2305.09781),
+        without-replacement (RSD arXiv 2402.14160, Sequoia arXiv 2402.12374) and target-only (EAGLE, SGLang)
+        verifiers.
     """
     parents = chain_parents(tree) if isinstance(tree, int) else list(tree)
     max_depth = max(depths_of(parents))
@@ -840,7 +844,7 @@ def detectable_tv(num_samples: int, num_bins: int, alpha: float = 1e-3, power: f
 
     References:
         Cohen, "Statistical Power Analysis for the Behavioral Sciences" (chi-square power via the noncentral
-        chi-square); research/engines.md section 2.4.
+        chi-square).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")

@@ -185,7 +185,7 @@ def verifier_input(verifier: Verifier, logits: torch.Tensor, params: SamplingPar
         Shape ``[B, N + 1, V]``: logits, or float32 probabilities (float64 for float64 logits).
 
     References:
-        STYLE.md rule 7 (one contract between blocks); :class:`Verifier`.
+        :class:`Verifier` (the one calling convention of every verifier).
     """
     if getattr(verifier, "takes_logits", False):
         return logits
@@ -676,7 +676,8 @@ def verify_typical(
     *typical* iff ``p(x) > min(epsilon, alpha * exp(-H(p)))``. A node is accepted iff it and all its ancestors
     are typical (greedy, no coins); the chosen node is the deepest accepted one (ties: the largest summed
     ``log p`` along the path, then the smallest index). The next token is sampled from the chosen node's ``p``
-    restricted to ``{v : p(v) >= threshold}`` (Medusa ``get_typical_one_token``; the argmax is always kept).
+    restricted to ``{v : p(v) >= threshold}`` (Medusa ``get_typical_one_token``; the argmax is always kept). A
+    draft with no nodes (``N = 0``) samples the root's ``p`` unrestricted, as plain decoding does.
 
     Args:
         target_probs: processed target distributions (``target_probs[:, i]``: the token after node ``i``).
@@ -704,6 +705,9 @@ def verify_typical(
     depth = _depth(draft, max_depth)
     source = as_source(source)
     target = target_probs.to(_work_dtype(target_probs))
+    if nodes == 0:  # nothing drafted (e.g. no room left in the token budget): plain decoding, the whole target law
+        root = torch.zeros(batch, dtype=torch.long, device=target.device)
+        return _result(root, source.categorical(target[:, 0]), draft, depth)
     entropy = -torch.xlogy(target, target).sum(-1)
     threshold = torch.minimum(
         torch.full_like(entropy, posterior_threshold), posterior_alpha * torch.exp(-entropy)
@@ -715,7 +719,7 @@ def verify_typical(
     root = torch.ones(batch, 1, dtype=torch.bool, device=target.device)
     accepted = _and_over_path(torch.cat([root, typical], dim=1), draft.parents)
     log_p = torch.where(typical, p_x.clamp_min(torch.finfo(target.dtype).tiny).log(), torch.zeros_like(p_x))
-    path_log_p = _sum_over_path(torch.cat([torch.zeros_like(log_p[:, :1]), log_p], dim=1), draft.parents)
+    path_log_p = _sum_over_path(torch.cat([log_p.new_zeros(batch, 1), log_p], dim=1), draft.parents)
     deepest = torch.where(accepted, draft.depths, torch.full_like(draft.depths, -1)).amax(-1, keepdim=True)
     candidates = accepted & (draft.depths == deepest)
     best = torch.where(candidates, path_log_p, torch.full_like(path_log_p, -math.inf)).argmax(-1)
@@ -753,7 +757,10 @@ def select_verifier(scheme: DraftScheme, params: SamplingParams, *, chain: bool 
         ``lossless == True``.
 
     References:
-        See the verifiers' own references; the pairing rule follows research/engines.md section 8.
+        See the verifiers' own references. The pairing rule: the verifier's draft law must match how the drafts
+        were made (i.i.d. drafts: a fixed ``q``, SpecInfer arXiv 2305.09781; drafts without replacement: ``q``
+        renormalised after each removal, RSD arXiv 2402.14160 and Sequoia arXiv 2402.12374; deterministic top-k
+        drafts: target-only, EAGLE ``evaluate_posterior`` and SGLang ``tree_speculative_sampling_target_only``).
     """
     scheme = DraftScheme(scheme)
     if params.is_greedy:
@@ -790,7 +797,8 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
         [[5, 9, -1]]
 
     References:
-        DESIGN.md glossary (accepted, bonus, recovered); vLLM's ``-1``-padded ``[B, K + 1]`` output layout.
+        vLLM rejection sampler (``vllm/v1/sample/rejection_sampler.py``): its glossary (accepted, recovered,
+        bonus tokens) and its ``-1``-padded ``[B, K + 1]`` output layout.
     """
     nodes = result.accepted_nodes[:, 1:]
     on_path = nodes > 0

@@ -2,8 +2,9 @@
 
 Each test builds a small *source module* the way the public code lays it out (HF Llama pieces: ``fc``, a
 ``LlamaDecoderLayer`` without ``input_layernorm`` for EAGLE-1; a 2H-input ``midlayer`` with ``hidden_norm`` for
-EAGLE-3), saves its state dict under the public key names of research/eagle.md sections 7 and 10, loads it with
-``load_eagle_head`` and checks that the head computes what the source module computes.
+EAGLE-3), saves its state dict under the public key names (the EAGLE authors' checkpoints, e.g.
+``yuhuili/EAGLE-LLaMA3-Instruct-8B`` and ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``, and vLLM's ``speculators``),
+loads it with ``load_eagle_head`` and checks that the head computes what the source module computes.
 """
 from __future__ import annotations
 

@@ -125,3 +125,28 @@ def test_config_validates_sizes():
     with pytest.raises(ValueError, match="multiple of"):
         EagleConfig(hidden_size=64, intermediate_size=8, num_attention_heads=4, num_key_value_heads=3,
                     vocab_size=10, feature_layers=(1,))
+
+
+def test_building_and_loading_heads_leave_the_global_rng_alone(target, tmp_path):
+    """The library never reads the global RNG: nn.Linear's default init used to draw from it before the seeded one."""
+    from specdec.formats import load_eagle_head, save_eagle_head
+
+    d2t, t2d = build_draft_vocab(torch.arange(VOCAB).float(), 40)
+    builders = {
+        "eagle1": lambda: Eagle1Head.from_target(target, num_layers=2),
+        "eagle3": lambda: Eagle3Head.from_target(target, draft_vocab=(d2t, t2d), feature_layers=(1, 2, 3)),
+    }
+    for name, build in builders.items():
+        torch.manual_seed(11)
+        before = torch.random.get_rng_state()
+        head = build()
+        assert torch.equal(torch.random.get_rng_state(), before), f"building an {name} head moved the global RNG"
+        torch.manual_seed(12)  # another global state: the head's own seeded init must not depend on it
+        again = build()
+        assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), again.state_dict().values()))
+        assert head.fc.weight.detach().any()  # initialised, not left at zero
+        save_eagle_head(head, tmp_path / name)
+        before = torch.random.get_rng_state()
+        loaded = load_eagle_head(tmp_path / name, target)
+        assert torch.equal(torch.random.get_rng_state(), before), f"loading an {name} head moved the global RNG"
+        assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), loaded.state_dict().values()))

@@ -42,13 +42,41 @@ def test_token_stream_joins_documents_with_the_separator():
     class Tok:
         eos_token_id = 0
 
-        def __call__(self, text, add_special_tokens=False):
+        def __call__(self, text, add_special_tokens=False, verbose=True):
             return {"input_ids": [ord(c) - 96 for c in text]}
 
     assert token_stream(["ab", "c"], Tok()).tolist() == [1, 2, 0, 3, 0]
     assert token_stream([torch.tensor([5, 6]), [7]], separator=1).tolist() == [5, 6, 1, 7, 1]
     with pytest.raises(ValueError, match="tokenizer"):
         token_stream(["text"])
+
+
+def test_token_stream_tokenizes_whole_files_without_the_max_length_message():
+    import logging
+
+    from specdec.demo.models import load_demo_tokenizer
+
+    class Recorder(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    text = "x = 1\n" * 1500  # 6000 tokens, longer than the tokenizer's model_max_length (2048)
+    message = "Token indices sequence length is longer than the specified maximum"
+    recorder = Recorder()
+    hf_logger = logging.getLogger("transformers")  # transformers' records end here (its children propagate to it)
+    hf_logger.addHandler(recorder)
+    try:
+        tokenizer = load_demo_tokenizer()  # fresh: transformers says it once per tokenizer
+        assert token_stream([text], tokenizer).numel() > tokenizer.model_max_length
+        assert not any(message in m for m in recorder.messages)
+        tokenizer(text, add_special_tokens=False)  # the control: the same call without verbose=False says it
+        assert any(message in m for m in recorder.messages)
+    finally:
+        hf_logger.removeHandler(recorder)
 
 
 def test_ttt_attention_equals_masked_attention_over_all_keys():

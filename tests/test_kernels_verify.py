@@ -1,8 +1,9 @@
 """Tests of specdec.kernels.verify: greedy, chain and target-only tree verification kernels.
 
-Tier 2 (STYLE.md 11): each kernel equals its torch reference exactly (accepted paths, counts, next tokens) under
-shared pre-drawn noise, over awkward shapes: batch 1 and odd sizes, vocabularies 8193 and 151936 (not powers of
-two), trees of 1 to 64 nodes, absent nodes, rows with no drafts, exact zeros in p and q, ties in the logits.
+Tier 2 of the three (invariants, parity, law): each kernel equals its torch reference exactly (accepted paths,
+counts, next tokens) under shared pre-drawn noise, over awkward shapes: batch 1 and odd sizes, vocabularies 8193
+and 151936 (not powers of two), trees of 1 to 64 nodes, absent nodes, rows with no drafts, exact zeros in p and q,
+ties in the logits.
 Tier 3: the noise form is lossless: Monte Carlo chi-square tests of the emitted tokens' law against the exactly
 enumerated target law, with the test's power stated, and negative-control mutants (resampling from p instead of
 the residual) that fail the same test at the same sample count.

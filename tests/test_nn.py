@@ -25,6 +25,7 @@ from specdec.nn import (
     masked_sdpa_backends,
     masked_sdpa_kernel,
     uncached_attention,
+    zero_linear,
 )
 
 torch.set_num_threads(1)
@@ -231,3 +232,17 @@ def test_masked_sdpa_backends_exclude_cudnn():
     with masked_sdpa_kernel():
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     torch.testing.assert_close(out, masked_attention(q, q, q))
+
+
+def test_blocks_are_built_at_zero_without_touching_the_global_rng():
+    torch.manual_seed(5)
+    before = torch.random.get_rng_state()
+    layer = zero_linear(6, 4, bias=True, dtype=torch.float64)
+    blocks = [DecoderLayer(_decoder(qkv_bias=True)), FusedInputDecoderLayer(_decoder()), SwiGLU(H, INTER),
+              Attention(H, H, HEADS, KV, D)]
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert isinstance(layer, nn.Linear) and layer.weight.shape == (4, 6) and layer.weight.dtype == torch.float64
+    assert layer.weight.device.type == "cpu" and layer.weight.requires_grad
+    for module in [layer, *blocks]:
+        linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        assert linears and all(not p.detach().any() for m in linears for p in m.parameters())

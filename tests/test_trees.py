@@ -27,7 +27,8 @@ from tiny_models import random_forest
 
 
 def vllm_level_counts(choices):
-    """vLLM's definitions (config post-init + EagleProposer.__init__), from research/engines.md §3.1."""
+    """vLLM's definitions (``vllm/config/speculative.py`` post-init + ``EagleProposer.__init__`` in
+    ``vllm/v1/spec_decode/eagle.py``): paths sorted by ``(len, path)``, children per level = ratio of level counts."""
     tree_choices = sorted((tuple(c) for c in choices), key=lambda t: (len(t), t))
     tree_depth = len(tree_choices[-1])
     num_drafts_per_level = [0] * tree_depth
@@ -42,8 +43,8 @@ def vllm_level_counts(choices):
 
 
 def medusa_retrieve_rows(choices):
-    """Medusa's retrieve_indices rows (research/medusa_specbench_hf.md §1.5): walk the sorted paths from the
-    last, skip paths already covered as prefixes, map prefixes to node indices, root column first."""
+    """Medusa's retrieve_indices rows (``generate_medusa_buffers``, ``medusa/model/utils.py``): walk the sorted
+    paths from the last, skip paths already covered as prefixes, map prefixes to node indices, root column first."""
     ordered = sorted((tuple(c) for c in choices), key=lambda t: (len(t), t))
     covered, rows = set(), []
     for path in reversed(ordered):
@@ -89,7 +90,7 @@ def full_tree(width, depth):
 
 
 PRESET_COUNTS = {
-    # name: (N, nodes per level, leaves); research/eagle.md §3 and research/medusa_specbench_hf.md §1.4
+    # name: (N, nodes per level, leaves); EAGLE's ``choices.py`` (25 paths) and Medusa's ``medusa_choices.py`` (63)
     "eagle_mc_sim_7b_63": (25, (4, 8, 8, 3, 2), 15),
     "medusa_mc_sim_7b_63": (63, (10, 28, 23, 2), 42),
     "medusa_vicuna_7b_stage2": (63, (10, 23, 23, 7), 42),
@@ -140,7 +141,7 @@ def test_preset_constants_are_tuples_of_tuples_and_named_as_published():
 
 
 def test_medusa_mc_sim_7b_63_attention_mask_has_207_ones():
-    # research/medusa_specbench_hf.md §1.5: medusa_attn_mask for mc_sim_7b_63 is 64x64 with 207 ones.
+    # Medusa's generate_medusa_buffers: medusa_attn_mask for mc_sim_7b_63 is 64x64 with 207 ones.
     mask = compile_tree(MEDUSA_MC_SIM_7B_63).ancestor_mask
     assert tuple(mask.shape) == (64, 64) and int(mask.sum()) == 207
 

@@ -1,6 +1,6 @@
 """Tests of specdec.verify.
 
-Three tiers (STYLE.md 11): deterministic invariants; parity under shared noise; the law of the emitted tokens
+Three tiers: deterministic invariants; parity under shared noise; the law of the emitted tokens
 by exact enumeration of the real code (TV < 1e-9 against the target) and by Monte Carlo with a stated power,
 each with negative controls (known-wrong mutants, defined below) that must fail the same test.
 """
@@ -700,6 +700,30 @@ def test_empty_drafts_sample_from_the_root_distribution():
         result = verifier(target_probs, draft, torch.Generator().manual_seed(0))
         assert result.next_tokens.tolist() == [2, 2, 2] and result.num_accepted.tolist() == [0, 0, 0]
         assert result.accepted_nodes.tolist() == [[0], [0], [0]]
+
+
+@pytest.mark.parametrize("max_depth", [None, 0, 3])
+def test_typical_acceptance_on_a_draft_without_nodes_samples_the_whole_root_law(max_depth):
+    """A zero-node draft (the last step of a token budget) once crashed verify_typical (an empty argmax)."""
+    law = torch.tensor([0.5, 0.45, 0.05])  # token 2 is below the typical threshold min(0.09, 0.3 exp(-H)) = 0.09
+    rows = 4000
+    target_probs = law.expand(rows, 1, 3)
+    empty = Draft(tokens=torch.zeros(rows, 0, dtype=torch.long), parents=torch.full((rows, 1), -1),
+                  depths=torch.zeros(rows, 1, dtype=torch.long), draft_probs=None, scheme=DET)
+    result = verify_typical(target_probs, empty, torch.Generator().manual_seed(3), max_depth=max_depth)
+    width = 1 if max_depth is None else max_depth + 1
+    assert result.num_accepted.eq(0).all() and result.accepted_nodes.shape == (rows, width)
+    assert result.accepted_nodes[:, 0].eq(0).all() and result.accepted_nodes[:, 1:].eq(-1).all()
+    # Plain decoding's draw from the same randomness: the same tokens, the full law (token 2 included).
+    plain = TorchSource(torch.Generator().manual_seed(3)).categorical(target_probs[:, 0])
+    assert torch.equal(result.next_tokens, plain)
+    frequency = torch.bincount(result.next_tokens, minlength=3).double() / rows
+    assert float((frequency - law.double()).abs().max()) < 4 * (0.25 / rows) ** 0.5  # 4 sigma of a binomial share
+    # The same draft with one present node samples the typical set only: token 2 never appears.
+    one = Draft(tokens=torch.ones(rows, 1, dtype=torch.long), parents=torch.tensor([[-1, 0]]).expand(rows, 2),
+                depths=torch.tensor([[0, 1]]).expand(rows, 2), draft_probs=None, scheme=DET)
+    restricted = verify_typical(torch.stack([law, law], 0).expand(rows, 2, 3), one, torch.Generator().manual_seed(3))
+    assert restricted.next_tokens.ne(2).all()
 
 
 @pytest.mark.parametrize("max_depth", [0, 2])

@@ -458,10 +458,8 @@ def build_demo_models(out_dir: str | os.PathLike | None = None, *, settings: Dem
         draft_seconds = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        # A fresh head's nn.Linear layers draw their (overwritten) default init from the global RNG: fork it.
-        with torch.random.fork_rng(devices=[]):
-            result = train_eagle1(target, stream, steps=settings.head_steps, batch_size=settings.batch_size,
-                                  seq_len=settings.seq_len, lr=settings.head_lr, progress=progress, seed=seed + 2)
+        result = train_eagle1(target, stream, steps=settings.head_steps, batch_size=settings.batch_size,
+                              seq_len=settings.seq_len, lr=settings.head_lr, progress=progress, seed=seed + 2)
         head = result.head
         _round_weights(head, settings.weights_dtype)
         head_seconds = time.perf_counter() - t0

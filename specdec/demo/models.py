@@ -205,10 +205,7 @@ def load_demo_models(device="cpu", dtype: torch.dtype = torch.float32, *, path=N
         target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=dtype).to(device).eval()
         draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=dtype).to(device).eval()
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "target")
-    # Building the head's nn.Linear layers draws from the global RNG before the weights are loaded: fork it, so
-    # loading the demo neither depends on nor changes the caller's randomness.
-    with torch.random.fork_rng(devices=[]):
-        head = load_eagle_head(folder / "eagle1", target, dtype=dtype, device=device)
+    head = load_eagle_head(folder / "eagle1", target, dtype=dtype, device=device)
     report = DemoReport(**json.loads((folder / "build.json").read_text()))
     return DemoModels(target, draft, tokenizer, head, read_prompts(folder), report, folder)
 

@@ -25,7 +25,8 @@ The drafts are a deterministic function of the features (``DraftScheme.DETERMINI
 verifies them with the target-only tree verifier, which is exact at any temperature.
 
 References:
-    Cai et al., "Medusa", arXiv 2401.10774; P-EAGLE and DFlash (parallel drafting) in DESIGN.md's sources.
+    Cai et al., "Medusa", arXiv 2401.10774; parallel drafting: P-EAGLE, arXiv 2602.01469, and DFlash,
+    arXiv 2602.06036.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn import (AttendFn, DecoderConfig, DecoderLayer, FusedInputDecoderLayer, KVCache, RMSNorm, RotaryEmbedding,
-                  cached_attention, uncached_attention)
+                  cached_attention, uncached_attention, zero_linear)
 from .common import target_dims, text_config
 
 __all__ = [
@@ -411,7 +411,7 @@ class Eagle1Head(_EagleHead):
         if lm_head_weight.shape != (config.vocab_size, config.hidden_size):
             raise ValueError(f"lm_head_weight must have shape [{config.vocab_size}, {config.hidden_size}], got "
                              f"{tuple(lm_head_weight.shape)}")
-        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.fc = zero_linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
         self.register_buffer("lm_head_bias", None if lm_head_bias is None else lm_head_bias.detach(),
                              persistent=False)
@@ -507,9 +507,9 @@ class Eagle3Head(_EagleHead):
         super().__init__(config, embed_weight,
                          FusedInputDecoderLayer(config.decoder, norm_before_residual=config.norm_before_residual))
         H, Vd = config.hidden_size, config.draft_vocab
-        self.fc = nn.Linear(len(config.feature_layers) * config.feature_size, H, bias=False)
+        self.fc = zero_linear(len(config.feature_layers) * config.feature_size, H, bias=False)
         self.norm = RMSNorm(H, config.rms_norm_eps)
-        self.lm_head = nn.Linear(H, Vd, bias=False)
+        self.lm_head = zero_linear(H, Vd, bias=False)
         if d2t is None:
             d2t = torch.zeros(Vd, dtype=torch.long)
         if t2d is None:

@@ -16,7 +16,7 @@ writes its cache at the slot of a token's position.
 
 References:
     - P-EAGLE / parallel drafting in vLLM (``parallel_drafting``, ``copy_and_expand_eagle_inputs_kernel`` in
-      ``vllm/v1/spec_decode/utils.py``; research/engines.md section 4); PARD, An et al., arXiv 2504.18583.
+      ``vllm/v1/spec_decode/utils.py``); PARD, An et al., arXiv 2504.18583.
     - EAGLE: Li et al., arXiv 2401.15077 (feature of token t paired with token t + 1).
 """
 from __future__ import annotations

@@ -6,6 +6,8 @@
   :class:`KVCache` with :func:`cached_attention`, and the one statement of which SDPA backends masked attention
   may use (:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`).
 - :mod:`specdec.nn.rope`: :class:`RotaryEmbedding` (owns its ``inv_freq`` buffer), :func:`apply_rotary`.
+- :mod:`specdec.nn.linear`: :func:`zero_linear`, the ``nn.Linear`` every block uses: built without drawing from
+  the global RNG (its owner initialises it from its own generator).
 """
 from .attention import (
     AttendFn,
@@ -18,10 +20,11 @@ from .attention import (
     uncached_attention,
 )
 from .layers import DecoderConfig, DecoderLayer, FusedInputDecoderLayer, RMSNorm, SwiGLU
+from .linear import zero_linear
 from .rope import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "AttendFn", "Attention", "KVCache", "cached_attention", "uncached_attention", "masked_attention",
     "masked_sdpa_backends", "masked_sdpa_kernel", "DecoderConfig", "DecoderLayer", "FusedInputDecoderLayer",
-    "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary",
+    "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear",
 ]

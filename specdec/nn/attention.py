@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..masks import to_aligned_additive_mask
+from .linear import zero_linear
 from .rope import apply_rotary
 
 __all__ = [
@@ -203,10 +204,10 @@ class Attention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = nn.Linear(in_features, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_proj = zero_linear(in_features, num_heads * head_dim, bias=bias)
+        self.k_proj = zero_linear(in_features, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = zero_linear(in_features, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = zero_linear(num_heads * head_dim, hidden_size, bias=False)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Queries, keys and values, split into heads, RoPE applied to queries and keys.

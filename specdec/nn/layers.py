@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import AttendFn, Attention
+from .linear import zero_linear
 
 __all__ = ["DecoderConfig", "RMSNorm", "SwiGLU", "DecoderLayer", "FusedInputDecoderLayer"]
 
@@ -104,9 +105,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = zero_linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = zero_linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = zero_linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the MLP.

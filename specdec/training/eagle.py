@@ -170,7 +170,7 @@ def token_stream(data, tokenizer=None, separator: int | None = None) -> torch.Te
         if isinstance(item, str):
             if tokenizer is None:
                 raise ValueError("the training data are texts: pass tokenizer=... to tokenize them")
-            ids = torch.tensor(tokenizer(item, add_special_tokens=False)["input_ids"], dtype=torch.long)
+            ids = torch.tensor(tokenizer(item, add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.long)
         else:
             ids = torch.as_tensor(item, dtype=torch.long).reshape(-1).cpu()
         pieces.append(ids)
