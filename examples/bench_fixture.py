@@ -130,7 +130,8 @@ def main(argv=None):
         overhead["hf_generate_ms_per_token"] = 1e3 / hf_vanilla.tokens_per_second
     measured = results[0].extra["prompts"]
     title = (f"{os.path.basename(args.target.rstrip('/'))}, {args.dtype}, greedy, batch 1, {measured} prompts, "
-             f"last {args.prompt_tokens} prompt tokens, {n} new tokens, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
+             f"last {args.prompt_tokens} prompt tokens, {n} new tokens, "
+             f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
     md = bench.to_markdown(results, title)
     md += "\n\nPer-step overhead:\n```\n" + json.dumps(overhead, indent=1) + "\n```\n"
     bench.save_results(results, os.path.join(args.out, "results.json"), title=title, overhead=overhead,

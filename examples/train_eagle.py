@@ -117,8 +117,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdec.recipes import eagle1, eagle2, eagle3
     from specdec.formats import export_speculators
+    from specdec.recipes import eagle1, eagle2, eagle3
     from specdec.training import train_eagle1, train_eagle3
 
     device = torch.device(args.device)
@@ -144,7 +144,8 @@ def main(argv=None) -> int:
             result = train_eagle1(target, token_lists, out_dir=out / "eagle1", **common)
         elif method == "eagle3":
             result = train_eagle3(target, token_lists, out_dir=out / "eagle3", ttt_steps=args.ttt_steps,
-                                  draft_vocab_size=None if args.draft_vocab_coverage else (args.draft_vocab_size or None),
+                                  draft_vocab_size=(None if args.draft_vocab_coverage
+                                                    else (args.draft_vocab_size or None)),
                                   draft_vocab_coverage=args.draft_vocab_coverage, **common)
             export_speculators(result.head, out / "eagle3-speculators", args.target)
         else:

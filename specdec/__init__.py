@@ -12,19 +12,49 @@ Blocks by kind: ``sd.trees`` (compiler, presets, tree policies), ``sd.masks``, `
 ``sd.schedule``, ``sd.adapter``, ``sd.graphs`` (CUDA graphs as a wrapper the caller applies); methods as
 compositions in ``sd.recipes``; ``sd.testing`` (sampling-law oracles) and ``sd.bench`` (harness).
 """
-from . import (adapter, bench, drafters, formats, graphs, heads, inputs, kernels, masks, nn, recipes, rows, sampling,
-               schedule, stats, step, testing, training, trees, verify)
+from . import (
+               adapter,
+               bench,
+               drafters,
+               formats,
+               graphs,
+               heads,
+               inputs,
+               kernels,
+               masks,
+               nn,
+               recipes,
+               rows,
+               sampling,
+               schedule,
+               stats,
+               step,
+               testing,
+               training,
+               trees,
+               verify,
+)
 from .adapter import ConsumedStateError, ModelAdapter, UnsupportedModelError, check_causal_lm
-from .drafters import DraftModelDrafter, Drafter, ParallelDrafter, PromptLookupDrafter
+from .drafters import Drafter, DraftModelDrafter, ParallelDrafter, PromptLookupDrafter
 from .generate import GenerateOutput, GenerationStats, generate
-from .step import DecodeState, StepOutput
 from .masks import causal_mask_with_padding, prefix_valid_from_lengths, tree_attention_mask, tree_positions
 from .sampling import PerRowSource, PredrawnNoise, RandomSource, TorchSource, as_source, next_token, process_logits
 from .schedule import Schedule, make_schedule
+from .step import DecodeState, StepOutput
 from .trees import Tree, chain_tree, compile_tree
 from .types import Draft, DraftScheme, SamplingParams, VerifyResult
-from .verify import (Verifier, as_verifier, select_verifier, verifier_input, verify_chain, verify_greedy,
-                     verify_tree_deterministic, verify_tree_iid, verify_tree_without_replacement, verify_typical)
+from .verify import (
+               Verifier,
+               as_verifier,
+               select_verifier,
+               verifier_input,
+               verify_chain,
+               verify_greedy,
+               verify_tree_deterministic,
+               verify_tree_iid,
+               verify_tree_without_replacement,
+               verify_typical,
+)
 
 __version__ = "0.1.0"
 

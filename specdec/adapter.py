@@ -38,9 +38,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .kernels import compact_kv, tree_mask
 from .masks import to_aligned_additive_mask
 from .nn.attention import masked_sdpa_kernel
-from .kernels import compact_kv, tree_mask
 
 __all__ = ["CacheState", "ConsumedStateError", "ForwardOutput", "ModelAdapter", "SUPPORTED_ATTENTION",
            "UnsupportedModelError", "check_causal_lm"]

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
 __all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benchmark", "to_markdown",
-           "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep", "left_pad"]
+           "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep",
+           "left_pad"]
 
 
 @dataclass

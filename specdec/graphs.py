@@ -38,7 +38,8 @@ References:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Hashable, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 

@@ -30,7 +30,7 @@ References:
 from __future__ import annotations
 
 import numbers
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -24,7 +24,8 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle import EagleDrafter

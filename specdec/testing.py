@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from functools import lru_cache
-from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from functools import cache, lru_cache
+from typing import Any, NamedTuple
 
 import torch
 
@@ -649,7 +650,7 @@ def speculative_law(
             step_laws[context] = exact_distribution(program)
         return step_laws[context]
 
-    @lru_cache(maxsize=None)
+    @cache
     def law(context: tuple[int, ...], remaining: int, steps_left: int | None) -> dict:
         if remaining == 0:
             return {(): 1.0}

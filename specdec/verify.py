@@ -44,7 +44,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 

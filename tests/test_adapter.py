@@ -1,9 +1,9 @@
 """The target adapter: tree forwards over a ragged cache equal plain causal runs of each path."""
 import pytest
 import torch
+from tiny_models import ARCHITECTURES, tiny_model
 
 from specdec.adapter import ModelAdapter
-from tiny_models import ARCHITECTURES, tiny_model
 
 
 def _plain_last_logits(model, tokens):
@@ -35,8 +35,8 @@ def test_tree_forward_and_ragged_commit_match_plain_causal_runs(arch, attn):
     for b in range(2):
         prompt = ids[b][mask[b].bool()]
         for node, path in [(3, [0, 1, 3]), (2, [0, 2])]:
-            torch.testing.assert_close(o2.logits[b, node], _plain_last_logits(model, torch.cat([prompt, toks[b, path]])),
-                                       atol=1e-5, rtol=0)
+            want = _plain_last_logits(model, torch.cat([prompt, toks[b, path]]))
+            torch.testing.assert_close(o2.logits[b, node], want, atol=1e-5, rtol=0)
     # rows keep different paths and lengths, then decoding continues on the compacted cache
     keep = torch.tensor([[0, 2, -1], [0, 1, 3]])
     st3 = ad.commit(st2, keep, torch.tensor([2, 3]))

@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 from specdec import bench
 from specdec.drafters import DraftModelDrafter, PromptLookupDrafter
-from tiny_models import tiny_model
 
 
 def test_benchmark_times_methods_and_reports_tau_speedup_and_greedy_match(tmp_path):

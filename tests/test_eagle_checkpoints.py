@@ -12,15 +12,14 @@ import json
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny_model
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as ml
 
-from specdec.heads import Eagle1Head, Eagle3Head
 from specdec.formats import export_speculators, load_eagle_head, save_eagle_head
+from specdec.heads import Eagle1Head, Eagle3Head
 from specdec.training import build_draft_vocab
-
-from tiny_models import VOCAB, tiny_model
 
 torch.set_num_threads(1)
 

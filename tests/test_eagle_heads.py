@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny_model
 
 from specdec.heads import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers
 from specdec.training import build_draft_vocab
-
-from tiny_models import VOCAB, tiny_model
 
 torch.set_num_threads(1)  # the CI box is shared: one thread avoids OpenMP oversubscription stalls
 

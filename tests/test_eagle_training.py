@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny_model
 
-from specdec.heads import Eagle3Head
 from specdec.formats import load_eagle_head
+from specdec.heads import Eagle3Head
 from specdec.training import build_draft_vocab, token_stream, train_eagle1, train_eagle3, ttt_forward
 from specdec.training.eagle import _ttt_attention
-
-from tiny_models import VOCAB, tiny_model
 
 torch.set_num_threads(1)
 

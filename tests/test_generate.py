@@ -4,14 +4,14 @@ import copy
 import pytest
 import torch
 import transformers
+from tiny_models import noisy_copy as _noisy_copy
+from tiny_models import tiny_model
 
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.generate import generate
 from specdec.sampling import RandomSource
 from specdec.verify import verify_greedy
-from tiny_models import tiny_model
-from tiny_models import noisy_copy as _noisy_copy
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt_neox", "phi3"]
 TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]

@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 import transformers
+from tiny_models import noisy_copy
 
 from specdec import drafters, heads, recipes, trees
 from specdec.drafters.draft_model import DraftModelDrafter
@@ -16,7 +17,6 @@ from specdec.testing import chi_square_test, detectable_tv
 from specdec.training import build_draft_vocab
 from specdec.types import SamplingParams
 from specdec.verify import verify_chain
-from tiny_models import noisy_copy
 
 V = 6  # vocabulary
 NUM_TOKENS = 3  # the law of (x1, x2, x3): 216 outcomes; x2, x3 come out of one speculative step

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import VOCAB, noisy_copy, tiny_model
 
 import specdec as sd
-from specdec.trees import DynamicTree, StaticTree
-from specdec.heads import Eagle1Head, Eagle3Head
 from specdec.drafters import EagleDrafter
 from specdec.graphs import capture_graph, capture_graph_ref, cuda_graphed
+from specdec.heads import Eagle1Head, Eagle3Head
 from specdec.nn import masked_attention
-from specdec.trees import EAGLE_MC_SIM_7B_63
-
-from tiny_models import VOCAB, noisy_copy, tiny_model
+from specdec.trees import EAGLE_MC_SIM_7B_63, DynamicTree, StaticTree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

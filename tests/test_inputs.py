@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 import transformers
+from tiny_models import VOCAB, noisy_copy, tiny_model
 
 from specdec.adapter import UnsupportedModelError
 from specdec.drafters.base import ProposeRequest
@@ -20,7 +21,6 @@ from specdec.inputs import prepare_prompts
 from specdec.sampling import PerRowSource
 from specdec.step import prefill
 from specdec.types import SamplingParams
-from tiny_models import VOCAB, noisy_copy, tiny_model
 
 ROWS = [[5, 9, 14, 5, 9, 14, 22, 31], [40, 41, 42, 40, 41], [7, 3, 7, 3, 7, 3, 8, 8, 2, 60]]  # ragged prompts
 N_NEW = 14

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from tiny_models import random_forest
 
 from specdec.masks import (
     and_masks,
@@ -30,7 +31,6 @@ from specdec.trees import (
     retrieve_paths,
     validate_parents,
 )
-from tiny_models import random_forest
 
 DTYPES = [torch.bool, torch.float32, torch.float16, torch.bfloat16]
 

@@ -19,7 +19,6 @@ from specdec.sampling import (
 from specdec.testing import chi_square_test, detectable_tv, exact_distribution
 from specdec.types import SamplingParams
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # process_logits
 # ----------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_lookup_matches_a_naive_scan():
 
     def naive(bs):
         k = None
-        for start, end, rk in ranges:
+        for start, _end, rk in ranges:
             if start <= bs:
                 k = rk
         return k

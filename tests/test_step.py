@@ -4,6 +4,7 @@ import collections
 
 import pytest
 import torch
+from tiny_models import VOCAB, noisy_copy, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec.adapter import ConsumedStateError, ModelAdapter
@@ -13,7 +14,6 @@ from specdec.generate import generate
 from specdec.sampling import PredrawnNoise
 from specdec.step import prefill, step
 from specdec.types import Draft, DraftScheme, SamplingParams
-from tiny_models import VOCAB, noisy_copy, tiny_model
 
 PROMPTS = torch.tensor([[0, 0, 12, 30, 12, 30, 5], [3, 9, 27, 3, 9, 27, 3]])
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
@@ -142,7 +142,7 @@ def test_plain_decoding_equals_hf_generate_token_for_token_and_logits_bit_for_bi
                             max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
                             output_logits=True, return_dict_in_generate=True)
         seen = []
-        hook = model.register_forward_hook(lambda module, args, out: seen.append(out.logits[:, -1].clone()))
+        hook = model.register_forward_hook(lambda module, args, out, seen=seen: seen.append(out.logits[:, -1].clone()))
         out = generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         hook.remove()
         assert torch.equal(out.sequences, hf.sequences)

@@ -7,6 +7,7 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 import torch
+from tiny_models import random_forest
 
 from specdec import trees
 from specdec.trees import (
@@ -21,7 +22,6 @@ from specdec.trees import (
     retrieve_paths,
     validate_parents,
 )
-from tiny_models import random_forest
 
 # ---- independent references (written from the research notes, not from the module) ----------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

@@ -5,9 +5,9 @@ When library modules move (e.g. EAGLE heads to ``specdec.heads``), only this fil
 """
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
 from ..formats import load_eagle_head, save_eagle_head
+from ..generate import generate
 from ..heads import Eagle1Head
 from ..recipes import eagle2
-from ..generate import generate
 from ..training import cosine_schedule, fit, sample_windows, train_eagle1
 
 __all__ = ["DraftModelDrafter", "Eagle1Head", "PromptLookupDrafter", "cosine_schedule", "eagle2", "fit",

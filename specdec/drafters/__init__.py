@@ -2,9 +2,8 @@
 from .base import Drafter, Feedback, ProposeRequest
 from .draft_model import DraftModelDrafter, DraftModelState
 from .eagle import EagleDrafter, EagleState
-from .prompt_lookup import PromptLookupDrafter, PromptLookupState
-
 from .parallel import ParallelDrafter, ParallelHead, ParallelState, last_committed_features
+from .prompt_lookup import PromptLookupDrafter, PromptLookupState
 
 __all__ = ["Drafter", "Feedback", "ProposeRequest", "DraftModelDrafter", "DraftModelState", "EagleDrafter",
            "EagleState", "PromptLookupDrafter", "PromptLookupState"]

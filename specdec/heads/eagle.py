@@ -36,15 +36,25 @@ References:
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..nn import (AttendFn, DecoderConfig, DecoderLayer, FusedInputDecoderLayer, KVCache, RMSNorm, RotaryEmbedding,
-                  cached_attention, uncached_attention, zero_linear)
+from ..nn import (
+    AttendFn,
+    DecoderConfig,
+    DecoderLayer,
+    FusedInputDecoderLayer,
+    KVCache,
+    RMSNorm,
+    RotaryEmbedding,
+    cached_attention,
+    uncached_attention,
+    zero_linear,
+)
 from .common import target_dims, text_config
 
 __all__ = [
@@ -419,7 +429,7 @@ class Eagle1Head(_EagleHead):
 
     @classmethod
     def from_target(cls, target, *, num_layers: int = 1, fc_bias: bool = True,
-                    intermediate_size: int | None = None) -> "Eagle1Head":
+                    intermediate_size: int | None = None) -> Eagle1Head:
         """A fresh (randomly initialised) EAGLE-1 head shaped like one decoder layer of ``target``.
 
         Args:
@@ -525,7 +535,7 @@ class Eagle3Head(_EagleHead):
     @classmethod
     def from_target(cls, target, *, draft_vocab: tuple[torch.Tensor, torch.Tensor] | None = None,
                     feature_layers: Sequence[int] | None = None, num_layers: int = 1,
-                    intermediate_size: int | None = None, norm_before_residual: bool = False) -> "Eagle3Head":
+                    intermediate_size: int | None = None, norm_before_residual: bool = False) -> Eagle3Head:
         """A fresh (randomly initialised) EAGLE-3 head for ``target``.
 
         Args:

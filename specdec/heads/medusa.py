@@ -146,7 +146,7 @@ class MedusaHead(nn.Module):
 
     @classmethod
     def from_target(cls, target, *, num_heads: int = 5, num_layers: int = 1, shared_lm_head: bool = False,
-                    bias: bool = True) -> "MedusaHead":
+                    bias: bool = True) -> MedusaHead:
         """Fresh heads for ``target``: residual blocks at zero, projections copied from (or sharing) its lm_head.
 
         A fresh head therefore predicts, at every level, the target's own next-token distribution at the feature's

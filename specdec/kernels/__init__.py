@@ -19,13 +19,27 @@ op                                          replaces                            
 On CPU the kernels run under the Triton interpreter when ``TRITON_INTERPRET=1`` is set before this package is
 imported (the test suite does so when no GPU is present). See ``docs/kernels.md``.
 """
-from ._dispatch import (KERNEL_MODES, get_kernel_mode, interpreter_enabled, kernel_mode, set_kernel_mode,
-                        triton_available)
+from ._dispatch import (
+                        KERNEL_MODES,
+                        get_kernel_mode,
+                        interpreter_enabled,
+                        kernel_mode,
+                        set_kernel_mode,
+                        triton_available,
+)
 from .kv_compact import compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
 from .tree_mask import TreeMask, tree_mask, tree_mask_ref
-from .verify import (VerifyNoise, draw_verify_noise, verify_chain_noise, verify_chain_noise_ref, verify_greedy,
-                     verify_greedy_ref, verify_tree_deterministic_noise, verify_tree_deterministic_noise_ref)
+from .verify import (
+                        VerifyNoise,
+                        draw_verify_noise,
+                        verify_chain_noise,
+                        verify_chain_noise_ref,
+                        verify_greedy,
+                        verify_greedy_ref,
+                        verify_tree_deterministic_noise,
+                        verify_tree_deterministic_noise_ref,
+)
 
 __all__ = [
     # dispatch

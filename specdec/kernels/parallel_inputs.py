@@ -70,7 +70,8 @@ def _check(tokens, features, num_valid, next_tokens, start_positions, mask_hidde
             f"mask_hidden, projected to the features' width), got {tuple(getattr(mask_hidden, 'shape', ()))}"
         )
     if not isinstance(num_drafts, int) or num_drafts < 1:
-        raise ValueError(f"parallel_draft_inputs: num_drafts must be an int >= 1 (K drafts per row), got {num_drafts!r}")
+        raise ValueError(f"parallel_draft_inputs: num_drafts must be an int >= 1 (K drafts per row), "
+                         f"got {num_drafts!r}")
     devices = {t.device for t in (tokens, features, num_valid, next_tokens, start_positions, mask_hidden)}
     if len(devices) > 1:
         raise ValueError(f"parallel_draft_inputs: all tensors must be on one device, got {sorted(map(str, devices))}")

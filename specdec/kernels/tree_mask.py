@@ -51,8 +51,10 @@ class TreeMask(NamedTuple):
 
 
 def _check(committed_valid, parents, present, dtype, lengths, out, alignment) -> tuple[int, int, int, int]:
-    if not isinstance(committed_valid, torch.Tensor) or committed_valid.dim() != 2 or committed_valid.dtype != torch.bool:
-        raise ValueError("tree_mask: committed_valid must be a bool tensor of shape [B, Lc] (CacheState.committed_valid)")
+    if (not isinstance(committed_valid, torch.Tensor) or committed_valid.dim() != 2
+            or committed_valid.dtype != torch.bool):
+        raise ValueError("tree_mask: committed_valid must be a bool tensor of shape [B, Lc] "
+                         "(CacheState.committed_valid)")
     batch, prefix = committed_valid.shape
     if not isinstance(parents, torch.Tensor) or parents.dim() != 2 or parents.shape[0] != batch:
         raise ValueError(
@@ -70,7 +72,8 @@ def _check(committed_valid, parents, present, dtype, lengths, out, alignment) ->
             f"the M new nodes, the last M columns of parents, so it needs [B, M] with M <= P + M"
         )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"tree_mask: dtype must be a floating dtype (the model's, for the additive mask), got {dtype!r}")
+        raise ValueError(f"tree_mask: dtype must be a floating dtype (the model's, for the additive mask), "
+                         f"got {dtype!r}")
     if not isinstance(alignment, int) or alignment < 1:
         raise ValueError(f"tree_mask: alignment must be an int >= 1 (8 suits SDPA), got {alignment!r}")
     devices = {committed_valid.device, parents.device, present.device}

@@ -14,7 +14,8 @@ References:
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -129,7 +130,7 @@ class KVCache(NamedTuple):
 
     @classmethod
     def zeros(cls, num_layers: int, batch_size: int, num_kv_heads: int, capacity: int, head_dim: int,
-              device=None, dtype=None) -> "KVCache":
+              device=None, dtype=None) -> KVCache:
         """A zeroed cache.
 
         Args:

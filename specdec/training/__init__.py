@@ -14,9 +14,17 @@ from .eagle import (
     ttt_forward,
 )
 from .loop import FitRecord, cosine_schedule, fit, sample_windows
-
-from .medusa import (LoRALinear, Medusa2Result, MedusaTrainResult, apply_lora, distillation_kl, medusa_loss, merge_lora,
-                     train_medusa1, train_medusa2)
+from .medusa import (
+    LoRALinear,
+    Medusa2Result,
+    MedusaTrainResult,
+    apply_lora,
+    distillation_kl,
+    medusa_loss,
+    merge_lora,
+    train_medusa1,
+    train_medusa2,
+)
 
 __all__ = [
     "FitRecord",

@@ -27,7 +27,8 @@ def cosine_schedule(step: int, *, total_steps: int, peak_lr: float, warmup_steps
     .. math::
         \\eta(s) = \\begin{cases}
             \\eta_{peak}\\,(s + 1) / W & s < W \\\\
-            \\eta_{peak}\\,\\bigl(r + (1 - r)\\tfrac12\\bigl(1 + \\cos(\\pi\\,\\tfrac{s - W}{\\max(1, S - W)})\\bigr)\\bigr)
+            \\eta_{peak}\\,\\bigl(r + (1 - r)\\tfrac12
+                \\bigl(1 + \\cos(\\pi\\,\\tfrac{s - W}{\\max(1, S - W)})\\bigr)\\bigr)
                 & s \\ge W
         \\end{cases}
 

@@ -28,12 +28,18 @@ from .core import (
     validate_parents,
 )
 from .dynamic import DynamicTree, ExpandFn, TreePolicy, grow_dynamic_tree, grow_dynamic_tree_ref
-from .static import SampledTree, StaticTree, as_policy
-
 from .level import LevelTree, as_level_policy, level_tree_draft, level_tree_draft_ref
-from .optimize import (RankAcceptance, comb_tree, count_rank_hits, expected_accept_length, measure_rank_acceptance,
-                       rank_candidates,
-                       optimal_tree, sequoia_tree)
+from .optimize import (
+    RankAcceptance,
+    comb_tree,
+    count_rank_hits,
+    expected_accept_length,
+    measure_rank_acceptance,
+    optimal_tree,
+    rank_candidates,
+    sequoia_tree,
+)
+from .static import SampledTree, StaticTree, as_policy
 
 __all__ = [
     "Tree", "TreeChoices", "compile_tree", "chain_tree", "depths_from_parents", "ancestor_matrix", "retrieve_paths",

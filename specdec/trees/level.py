@@ -152,7 +152,7 @@ class LevelTree:
         self._plans: dict = {}
 
     @classmethod
-    def chain(cls, num_levels: int) -> "LevelTree":
+    def chain(cls, num_levels: int) -> LevelTree:
         """The chain of every level's top-1 (Medusa without tree attention; vLLM's Medusa proposer).
 
         Args:
