@@ -130,8 +130,8 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
                             batch * vocab * 12 + batch * n * 24, f"tree N={n}, fp32 probs"))
             chain_parents = torch.arange(-1, n).expand(batch, -1).to(device)
             chain_depths = torch.arange(n + 1).expand(batch, -1).to(device)
-            noise = torch.randn(batch, n, vocab, generator=gd, device=device)
-            draft_probs = torch.softmax(2 * logits[:, :n] + noise, -1)
+            jitter = torch.randn(batch, n, vocab, generator=gd, device=device)
+            draft_probs = torch.softmax(2 * logits[:, :n] + jitter, -1)
             chain_tokens = torch.where(torch.rand(batch, n, generator=g) < 0.9, probs[:, :n].argmax(-1).cpu(), 1)
             chain = Draft(chain_tokens.to(device), chain_parents, chain_depths, draft_probs, DraftScheme.IID)
             out.append(Case("verify_chain_noise", batch, vocab,
