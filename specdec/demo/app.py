@@ -212,4 +212,4 @@ def print_timing_notes(rows: Sequence[Row], *, num_prompts: int, prompt_tokens: 
              "  mostly fixed per-call costs (launch-bound), not arithmetic. So a draft-model or EAGLE-head forward\n"
              "  costs a large fraction of a target forward, while verifying 1 token or a tree of 8 costs about the\n"
              "  same. With a large target on a GPU the drafter is cheap next to the target, and the same tau gives\n"
-             "  larger speedups (docs/benchmarks.md: 3.75x for EAGLE-2 on an H200).")
+             "  larger speedups (docs/benchmarks.md: 4.24x for EAGLE-2 on an H200).")
