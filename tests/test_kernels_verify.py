@@ -28,7 +28,7 @@ from specdec.kernels import (
     verify_tree_deterministic_noise_ref,
 )
 from specdec.kernels import verify as kernels_verify
-from specdec.sampling import PredrawnNoise, TorchSource, process_logits
+from specdec.sampling import PredrawnNoise, process_logits
 from specdec.testing import (
     ToyLM,
     chain_parents,
@@ -36,11 +36,9 @@ from specdec.testing import (
     detectable_tv,
     draft_iid,
     draft_top_k,
-    node_probs,
     target_law,
 )
 from specdec.types import Draft, DraftScheme, SamplingParams
-from specdec.verify import emitted_tokens
 from specdec.verify import verify_greedy as library_verify_greedy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -332,9 +330,9 @@ def test_draw_verify_noise_takes_uniforms_then_exponentials_from_the_source():
 # them exactly, tested above)
 # ----------------------------------------------------------------------------------------------------------------
 
-MC_ROWS = 200_000
-MC_ALPHA = 1e-3
-MC_VOCAB = 6
+# The Monte Carlo harness of tests/test_verify.py, shared (same rows, alpha and vocabulary).
+from test_verify import MC_ALPHA, MC_ROWS, MC_VOCAB  # noqa: E402
+from test_verify import _first_two_tokens as first_two_tokens  # noqa: E402
 
 
 def noise_verifier(op):
@@ -361,18 +359,6 @@ def resample_from_p(op):
         return result._replace(next_tokens=torch.where(has_children, plain, result.next_tokens))
 
     return verify
-
-
-def first_two_tokens(target, drafter, parents, rule, verifier, seed):
-    """Counts of the first two emitted tokens over MC_ROWS rows (the second by plain sampling when the step emitted
-    one token)."""
-    source = TorchSource(torch.Generator().manual_seed(seed))
-    draft = rule(drafter, (), parents, source, MC_ROWS)
-    tokens, counts = emitted_tokens(draft, verifier(node_probs(target, (), draft), draft, source))
-    second = source.categorical(target.probs_batch(tokens[:, :1]))
-    second = torch.where(counts >= 2, tokens[:, 1], second)
-    pairs = torch.bincount(tokens[:, 0] * MC_VOCAB + second, minlength=MC_VOCAB**2)
-    return {(a, b): int(pairs[a * MC_VOCAB + b]) for a in range(MC_VOCAB) for b in range(MC_VOCAB)}
 
 
 LAW_CASES = {
