@@ -10,3 +10,6 @@ __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_sta
 __all__ += [
     "load_medusa_head", "save_medusa_head", "read_medusa_state_dict", "MedusaMismatchError", "MedusaFormatError"
 ]
+from .dflash import DFlashFormatError, export_dflash_zlab, load_dflash_head, mask_token_id_of, save_dflash_head  # noqa: E402
+
+__all__ += ["DFlashFormatError", "load_dflash_head", "save_dflash_head", "export_dflash_zlab", "mask_token_id_of"]

@@ -14,3 +14,6 @@ from .medusa import MedusaConfig, MedusaHead, medusa_target_dims
 __all__ = ["Eagle1Head", "Eagle3Head", "EagleConfig", "HeadCache", "check_draft_vocab", "default_feature_layers",
            "target_dims", "text_config"]
 __all__ += ['MedusaConfig', 'MedusaHead', 'medusa_target_dims']
+from .dflash import DFlashConfig, DFlashHead, DFlashState, DSparkHead, default_dflash_layers  # noqa: E402
+
+__all__ += ["DFlashConfig", "DFlashHead", "DFlashState", "DSparkHead", "default_dflash_layers"]

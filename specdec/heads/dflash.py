@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -771,7 +771,7 @@ class DFlashHead(nn.Module):
                 k = torch.cat([kc, k], 2).repeat_interleave(c.num_attention_heads // c.num_key_value_heads, 1)
                 v = torch.cat([vc, v], 2).repeat_interleave(c.num_attention_heads // c.num_key_value_heads, 1)
                 weights = torch.softmax((q @ k.transpose(-1, -2)).float() / math.sqrt(c.head_dim), -1)
-                x = x + attn.output((weights.to(v.dtype) @ v))
+                x = x + attn.output(weights.to(v.dtype) @ v)
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
             out.append(self.norm(x))
         return torch.cat(out, 0)
@@ -884,7 +884,9 @@ class DSparkHead(DFlashHead):
 
     @torch.no_grad()
     def level_logits(self, state: DFlashState, request=None) -> torch.Tensor:
-        """The base logits of levels ``1..D`` (without the Markov bias; use :meth:`level_outputs`).
+        """Levels ``1..D``'s logits along the greedy chain: level ``d``'s base logits plus the Markov bias of the
+        chain's level ``d - 1`` token (for drafters that read no transition; a chain of their top-1s is exactly
+        the sequential argmax :meth:`level_outputs` describes).
 
         Args:
             state: from :meth:`start` / :meth:`update`.
@@ -893,7 +895,13 @@ class DSparkHead(DFlashHead):
         Returns:
             Shape ``[B, D, V]``.
         """
-        return self.level_outputs(state, request).logits
+        out = self.level_outputs(state, request)
+        if out.transition is None:
+            return out.logits
+        prev = self.chain_prev_tokens(out.logits, state.roots, out.transition)
+        bias = torch.stack([out.transition(prev[:, d - 1, None], d)[:, 0] for d in range(1, out.logits.shape[1] + 1)],
+                           1)
+        return out.logits + bias
 
     @staticmethod
     def chain_prev_tokens(logits: torch.Tensor, roots: torch.Tensor, transition=None) -> torch.Tensor:

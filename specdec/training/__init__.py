@@ -44,3 +44,15 @@ __all__ += [
     "MedusaTrainResult", "Medusa2Result", "LoRALinear", "apply_lora", "merge_lora", "medusa_loss",
     "distillation_kl", "train_medusa1", "train_medusa2"
 ]
+from .dflash import (  # noqa: E402
+    BlockLoss,
+    DFlashTrainRecord,
+    block_accuracy,
+    dflash_loss,
+    sample_anchors,
+    train_dflash,
+    train_dspark,
+)
+
+__all__ += ["BlockLoss", "DFlashTrainRecord", "block_accuracy", "dflash_loss", "sample_anchors", "train_dflash",
+            "train_dspark"]
