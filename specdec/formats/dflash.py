@@ -171,7 +171,7 @@ def _parse(config: dict) -> tuple[str, dict, dict]:
         if stype == "dspark":
             fields.update({k: config[k] for k in _DSPARK_FIELDS if config.get(k) is not None})
         return stype, dict(layer), fields
-    if "DFlashDraftModel" in (config.get("architectures") or []) or "dflash_config" in config:
+    if "DFlashDraftModel" in (config.get("architectures") or []) or config.get("dflash_config") is not None:
         ids = _lookup(config, "dflash_config.target_layer_ids")
         if ids is None:
             ids = config.get("target_layer_ids")

@@ -642,7 +642,7 @@ class DFlashHead(nn.Module):
         """
         B, M = feedback.tokens.shape
         device = feedback.tokens.device
-        cache = self.new_cache(B, _round_up(M + 4 * self.config.block_size + 1), device)
+        cache = self.new_cache(B, _round_up(M + 2 * self.config.block_size + 1, 16), device)
         state = DFlashState(cache, torch.zeros(B, dtype=torch.long, device=device), feedback.roots, 0, 0)
         return self.update(state, feedback)
 
@@ -680,7 +680,7 @@ class DFlashHead(nn.Module):
         if need <= state.cache.capacity:
             return state
         old = state.cache
-        new = self.new_cache(old.keys.shape[1], _round_up(max(need, 2 * old.capacity)), old.keys.device,
+        new = self.new_cache(old.keys.shape[1], _round_up(max(need, 2 * old.capacity), 16), old.keys.device,
                              old.keys.dtype)
         new.keys[:, :, :, :state.bound] = old.keys[:, :, :, :state.bound]
         new.values[:, :, :, :state.bound] = old.values[:, :, :, :state.bound]
