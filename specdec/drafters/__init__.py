@@ -8,3 +8,6 @@ from .prompt_lookup import PromptLookupDrafter, PromptLookupState
 __all__ = ["Drafter", "Feedback", "ProposeRequest", "DraftModelDrafter", "DraftModelState", "EagleDrafter",
            "EagleState", "PromptLookupDrafter", "PromptLookupState"]
 __all__ += ['ParallelDrafter', 'ParallelHead', 'ParallelState', 'last_committed_features']
+from .parallel import LevelOutput  # noqa: E402
+
+__all__ += ["LevelOutput"]

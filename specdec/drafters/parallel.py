@@ -12,6 +12,8 @@ The head protocol (:class:`ParallelHead`)::
     head.num_levels                          # D: levels one call predicts
     head.vocab_size                          # V: the target vocabulary
     head.level_logits(state, request)        # -> [B, D, V]
+    # optional: everything a step drafts from (logits, DSpark's confidence and Markov transition)
+    head.level_outputs(state, request)       # -> LevelOutput; preferred over level_logits when present
     # optional, for heads that keep context (a KV cache of committed tokens, ...):
     head.start(feedback) -> state            # after the prompt's target pass
     head.update(state, feedback) -> state    # after each verification step
@@ -21,24 +23,53 @@ token* of each row (:func:`last_committed_features`), the token whose target log
 Medusa reads: head ``k`` at that feature predicts the token ``k + 2`` positions after it, i.e. tree level
 ``k + 1`` (the root is level 0).
 
+A :class:`LevelOutput` may carry a ``transition`` (DSpark's low-rank Markov head: a node's children are ranked by
+its level's logits plus a bias from the node's own token) and a ``confidence`` (DSpark's confidence head), which a
+``gate`` (:class:`specdec.gating.ConfidenceGate`) turns into a verify length per row.
+
 The drafts are a deterministic function of the features (``DraftScheme.DETERMINISTIC``), so ``generate()``
-verifies them with the target-only tree verifier, which is exact at any temperature.
+verifies them with the target-only tree verifier, which is exact at any temperature. A gate only cuts nodes
+away, so the draft stays deterministic and the verifier stays exact.
 
 References:
-    Cai et al., "Medusa", arXiv 2401.10774; parallel drafting: P-EAGLE, arXiv 2602.01469, and DFlash,
-    arXiv 2602.06036.
+    Cai et al., "Medusa", arXiv 2401.10774; parallel drafting: P-EAGLE, arXiv 2602.01469, DFlash,
+    arXiv 2602.06036, and DSpark (Markov and confidence heads, confidence-gated verification), arXiv 2607.05147.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from ..gating import truncate_draft
 from ..trees.level import LevelTree, as_level_policy
 from ..types import Draft
 from .base import Feedback, ProposeRequest
 
-__all__ = ["ParallelHead", "ParallelDrafter", "ParallelState", "last_committed_features"]
+__all__ = ["LevelOutput", "ParallelHead", "ParallelDrafter", "ParallelState", "last_committed_features"]
+
+
+class LevelOutput(NamedTuple):
+    """What a parallel head gives for one step: every level's logits, and optionally DSpark's extra heads.
+
+    Attributes:
+        logits: draft logits of levels ``1..D`` (level ``d`` is index ``d - 1``), over the target vocabulary.
+            Shape ``[B, D, V]``.
+        confidence: predicted ``P(level d accepted | levels < d accepted)`` in ``[0, 1]``, or ``None``.
+            Shape ``[B, D]``. A gate (:class:`specdec.gating.ConfidenceGate`) turns it into verify lengths.
+        transition: ``transition(prev_tokens, d) -> bias`` or ``None``: a node at level ``d`` whose parent holds
+            token ``x`` has logits ``logits[:, d - 1] + transition(x, d)`` (DSpark's low-rank Markov head). The
+            parent of level 1 is the root (``request.roots``). Shape: ``prev_tokens [B, n]`` int64 ->
+            ``[B, n, V]``.
+
+    References:
+        DSpark arXiv 2607.05147 (Markov head, confidence head).
+    """
+
+    logits: torch.Tensor
+    confidence: torch.Tensor | None = None
+    transition: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 @runtime_checkable
@@ -56,7 +87,11 @@ class ParallelHead(Protocol):
     vocab_size: int
 
     def level_logits(self, state: Any, request: ProposeRequest | None) -> torch.Tensor:
-        """Draft logits of levels ``1..D`` for each row, shape ``[B, D, V]``."""
+        """Draft logits of levels ``1..D`` for each row, shape ``[B, D, V]``.
+
+        A head may also define ``level_outputs(state, request) -> LevelOutput`` (logits plus DSpark's confidence
+        and transition); :class:`ParallelDrafter` calls it instead when present.
+        """
 
 
 class ParallelState(NamedTuple):
@@ -100,13 +135,19 @@ def last_committed_features(feedback: Feedback, previous: tuple[torch.Tensor, ..
 class ParallelDrafter:
     """Drafter for parallel heads (Medusa, and P-EAGLE / DFlash-style heads): one head call per step.
 
-    Each step: ``logits = head.level_logits(state, request)`` (``[B, D, V]``), then the level-wise tree policy
-    takes rank ``r_d`` of level ``d`` for the node with path ``(r_1, ..., r_d)``.
+    Each step: ``out = head.level_outputs(state, request)`` (a :class:`LevelOutput`; heads with only
+    ``level_logits`` give ``LevelOutput(logits)``), then the level-wise tree policy takes rank ``r_d`` of level
+    ``d`` for the node with path ``(r_1, ..., r_d)`` (with ``out.transition``: rank ``r_d`` of the level's logits
+    biased by the parent node's token), then, with a ``gate``, each row's tree is cut to
+    ``gate(out.confidence)`` levels (:func:`specdec.gating.truncate_draft`).
 
     Args:
         head: a :class:`ParallelHead` (e.g. :class:`~specdec.heads.MedusaHead`) on the target's device.
         tree: a :class:`~specdec.trees.LevelTree`, a compiled tree or tree choices (default: the chain of every
             level's top-1).
+        gate: ``None``, or a callable ``confidence [B, D] -> lengths [B]`` such as
+            :class:`specdec.gating.ConfidenceGate`; its ``trim`` attribute (default False) is passed to
+            :func:`~specdec.gating.truncate_draft`. Needs a head whose ``level_outputs`` gives a ``confidence``.
 
     Attributes:
         max_num_drafts: the tree's depth (a step's ``K`` prunes it to depth ``K``).
@@ -121,10 +162,11 @@ class ParallelDrafter:
         >>> out = specdec.generate(model, ids, drafter=drafter)                             # doctest: +SKIP
 
     References:
-        Medusa arXiv 2401.10774 (one forward of all heads per step; candidates from each head's top-k).
+        Medusa arXiv 2401.10774 (one forward of all heads per step; candidates from each head's top-k);
+        DSpark arXiv 2607.05147 (Markov transition, confidence-gated verification).
     """
 
-    def __init__(self, head: ParallelHead, tree=None):
+    def __init__(self, head: ParallelHead, tree=None, *, gate: Callable[[torch.Tensor], torch.Tensor] | None = None):
         for attr in ("feature_layers", "num_levels", "vocab_size", "level_logits"):
             if not hasattr(head, attr):
                 raise TypeError(f"{type(head).__name__} is not a parallel head: it lacks {attr!r} (see "
@@ -138,10 +180,16 @@ class ParallelDrafter:
         self.max_num_drafts = self.policy.max_depth
         self.feature_layers = tuple(head.feature_layers)
         self.vocab_size = head.vocab_size
+        if gate is not None and not callable(gate):
+            raise TypeError(f"gate must be a callable confidence [B, D] -> lengths [B] (e.g. "
+                            f"specdec.gating.ConfidenceGate(0.5)), got {type(gate).__name__}")
+        self.gate = gate
+        self._outputs = callable(getattr(head, "level_outputs", None))
         self._stateful = callable(getattr(head, "start", None)) and callable(getattr(head, "update", None))
 
     def __repr__(self) -> str:
-        return f"ParallelDrafter({type(self.head).__name__}, {self.policy!r})"
+        gate = "" if self.gate is None else f", gate={self.gate!r}"
+        return f"ParallelDrafter({type(self.head).__name__}, {self.policy!r}{gate})"
 
     @torch.no_grad()
     def start(self, feedback: Feedback) -> ParallelState:
@@ -171,8 +219,27 @@ class ParallelDrafter:
             raise ValueError(f"num_drafts must be >= 1 (K = 0 is a plain step and never reaches a drafter), got "
                              f"{request.num_drafts}")
         depth = min(self.max_num_drafts, request.num_drafts)
-        logits = self.head.level_logits(state.head_state, request)
-        return self.policy.draft(logits, depth), state._replace(num_forwards=state.num_forwards + 1)
+        if self._outputs:
+            out = self.head.level_outputs(state.head_state, request)
+        else:
+            out = LevelOutput(logits=self.head.level_logits(state.head_state, request))
+        if out.transition is None:
+            draft = self.policy.draft(out.logits, depth)
+        else:
+            draft = self.policy.draft(out.logits, depth, transition=out.transition, roots=request.roots)
+        if self.gate is not None:
+            draft = self._gated(draft, out.confidence, depth)
+        return draft, state._replace(num_forwards=state.num_forwards + 1)
+
+    def _gated(self, draft: Draft, confidence: torch.Tensor | None, depth: int) -> Draft:
+        if confidence is None:
+            raise ValueError(f"the gate needs a confidence but {type(self.head).__name__} gave none: use a head whose "
+                             f"level_outputs returns LevelOutput(confidence=...) (e.g. DSpark's) or drop gate=")
+        if confidence.dim() != 2 or confidence.shape[1] < depth:
+            raise ValueError(f"confidence must have shape [B, D] with D >= {depth} (the drafted depth), got "
+                             f"{tuple(confidence.shape)}")
+        lengths = self.gate(confidence[:, :depth])
+        return truncate_draft(draft, lengths, trim=bool(getattr(self.gate, "trim", False)))
 
     @torch.no_grad()
     def update(self, state: ParallelState, feedback: Feedback) -> ParallelState:

@@ -54,3 +54,6 @@ __all__ += [
     "count_rank_hits", "measure_rank_acceptance", "expected_accept_length", "optimal_tree", "sequoia_tree"
 ]
 __all__ += ["rank_candidates"]
+from .level import Transition  # noqa: E402
+
+__all__ += ["Transition"]

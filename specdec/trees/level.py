@@ -10,6 +10,10 @@ path ``(r_1, ..., r_d)`` (tree choices, :mod:`specdec.trees.core`) is the ``r_d`
   1-wide case, the chain of every level's top-1 (vLLM's Medusa proposer).
 - :func:`level_tree_draft` (vectorised: one ``topk`` and one gather) and :func:`level_tree_draft_ref` (a per-row,
   per-node loop over ``argsort``), same signature.
+- With a *transition* (DSpark's low-rank Markov head, arXiv 2607.05147), a node's children depend on its own
+  token: the children of a node holding token ``x`` at level ``d - 1`` are the top ranks of
+  ``z_d + transition(x, d)``. Drafting then goes level by level (one batched ``transition`` call and one ``topk``
+  per level over that level's parent nodes; a chain is a sequential argmax), still deterministic.
 
 Top-k is a deterministic function of the head's logits, so the drafts are ``DraftScheme.DETERMINISTIC`` and the
 target-only tree verifier is exact for them at any temperature.
@@ -20,7 +24,7 @@ References:
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -28,7 +32,11 @@ import torch
 from ..types import Draft, DraftScheme
 from .core import Tree, chain_tree, compile_tree
 
-__all__ = ["LevelTree", "as_level_policy", "level_tree_draft", "level_tree_draft_ref"]
+__all__ = ["LevelTree", "Transition", "as_level_policy", "level_tree_draft", "level_tree_draft_ref"]
+
+#: ``transition(prev_tokens, level) -> bias``: the logit bias of level ``level`` (1-based) for a node whose parent
+#: holds ``prev_tokens``. Shape: ``prev_tokens [B, n]`` int64 -> ``bias [B, n, V]`` (DSpark's Markov head).
+Transition = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 class _LevelPlan(NamedTuple):
@@ -47,6 +55,65 @@ def _plan(tree: Tree, device) -> _LevelPlan:
                       ((depths - 1) * width + ranks).to(device), width, tree.max_depth)
 
 
+class _LevelStep(NamedTuple):
+    parent_nodes: torch.Tensor  # [n]: nodes of level d - 1 that have children at level d (node 0 = the root)
+    child_index: torch.Tensor   # [m]: slot * width + rank of each node of level d (slot: its parent in parent_nodes;
+                                # the level's nodes are contiguous, breadth-first, so they append in order)
+    width: int                  # top-k needed at level d
+
+
+def _transition_plan(tree: Tree, device) -> tuple[_LevelStep, ...]:
+    parents, depths, ranks = tree.parents.tolist(), tree.depths.tolist(), tree.ranks.tolist()
+    steps = []
+    for d in range(1, tree.max_depth + 1):
+        nodes = [i for i in range(len(parents)) if depths[i] == d]
+        parent_nodes = sorted({parents[i] for i in nodes})
+        slot = {p: j for j, p in enumerate(parent_nodes)}
+        width = max(ranks[i] for i in nodes) + 1
+        steps.append(_LevelStep(torch.tensor(parent_nodes, device=device),
+                                torch.tensor([slot[parents[i]] * width + ranks[i] for i in nodes], device=device),
+                                width))
+    return tuple(steps)
+
+
+def _check_transition(transition, roots, level_logits: torch.Tensor) -> None:
+    if not callable(transition):
+        raise TypeError(f"transition must be a callable (prev_tokens [B, n], level) -> bias [B, n, V], got "
+                        f"{type(transition).__name__}")
+    if roots is None:
+        raise ValueError("a transition needs the root tokens (the parents of level 1): pass roots=request.roots")
+    if tuple(roots.shape) != (level_logits.shape[0],):
+        raise ValueError(f"roots must have shape [B] = [{level_logits.shape[0]}], got {tuple(roots.shape)}")
+
+
+def _biased(level_logits: torch.Tensor, transition: Transition, prev: torch.Tensor, d: int) -> torch.Tensor:
+    bias = transition(prev, d)
+    B, n, V = prev.shape[0], prev.shape[1], level_logits.shape[-1]
+    if tuple(bias.shape) != (B, n, V):
+        raise ValueError(f"transition(prev_tokens {tuple(prev.shape)}, {d}) returned shape {tuple(bias.shape)}; it "
+                         f"must return the logit bias [B, n, V] = [{B}, {n}, {V}]")
+    return level_logits[:, d - 1, None, :] + bias
+
+
+def _draft_with_transition(level_logits: torch.Tensor, plan: _LevelPlan, steps: tuple[_LevelStep, ...],
+                           transition: Transition, roots: torch.Tensor) -> Draft:
+    B = level_logits.shape[0]
+    node_tokens = [roots[:, None].to(torch.long)]                                  # per level: [B, m_d]
+    for d in range(1, plan.depth + 1):
+        step = steps[d - 1]
+        held = torch.cat(node_tokens, 1)                                           # [B, nodes so far]
+        prev = held[:, step.parent_nodes]                                          # [B, n]
+        z = _biased(level_logits, transition, prev, d)                             # [B, n, V]
+        if step.width == 1:
+            top = z.argmax(-1, keepdim=True)                                       # a chain: sequential argmax
+        else:
+            top = z.topk(step.width, dim=-1).indices                               # [B, n, W]
+        node_tokens.append(top.reshape(B, -1)[:, step.child_index])
+    tokens = torch.cat(node_tokens[1:], 1)
+    return Draft(tokens, plan.parents[None].expand(B, -1).clone(), plan.depths[None].expand(B, -1).clone(),
+                 None, DraftScheme.DETERMINISTIC)
+
+
 def _check(level_logits: torch.Tensor, tree: Tree, depth: int) -> Tree:
     if level_logits.dim() != 3:
         raise ValueError(f"level_logits must have shape [B, D, V], got {tuple(level_logits.shape)}")
@@ -62,16 +129,28 @@ def _check(level_logits: torch.Tensor, tree: Tree, depth: int) -> Tree:
     return pruned
 
 
-def level_tree_draft(level_logits: torch.Tensor, tree, depth: int | None = None) -> Draft:
+def level_tree_draft(level_logits: torch.Tensor, tree, depth: int | None = None, *,
+                     transition: Transition | None = None, roots: torch.Tensor | None = None) -> Draft:
     """Draft a level-wise tree from per-level logits: one ``topk`` over all levels, one gather.
 
     .. math:: \\mathrm{token}(r_1, \\dots, r_d) = \\mathrm{topk}(z_d)[r_d]
+
+    With a ``transition`` ``t`` (DSpark's Markov head), the node with path ``(r_1, ..., r_d)`` whose parent holds
+    token ``x`` (the root holds ``roots``) is
+
+    .. math:: \\mathrm{token}(r_1, \\dots, r_d) = \\mathrm{topk}(z_d + t(x, d))[r_d]
+
+    drafted level by level: one batched ``transition`` call per level over that level's parent nodes.
 
     Args:
         level_logits: draft logits of each level (level ``d`` is row ``d - 1``).
             Shape: ``[B, D, V]``.
         tree: tree choices or a compiled :class:`~specdec.trees.Tree`.
         depth: levels to draft (the tree is pruned to it); default the tree's depth.
+        transition: ``transition(prev_tokens, d) -> bias`` or ``None`` (level-wise ranks, Medusa).
+            Shape: ``prev_tokens [B, n]`` int64 -> ``bias [B, n, V]``.
+        roots: the root token of each row, the parent of level 1 (needed with a ``transition``).
+            Shape: ``[B]`` int64.
 
     Returns:
         A ``DETERMINISTIC`` :class:`~specdec.types.Draft`, every row the same tree shape.
@@ -82,11 +161,17 @@ def level_tree_draft(level_logits: torch.Tensor, tree, depth: int | None = None)
         [[1, 2, 0]]
 
     References:
-        Medusa arXiv 2401.10774 (``generate_candidates``).
+        Medusa arXiv 2401.10774 (``generate_candidates``); DSpark arXiv 2607.05147 (the Markov head).
     """
     tree = compile_tree(tree)
     depth = tree.max_depth if depth is None else depth
-    return _draft(level_logits, _plan(_check(level_logits, tree, depth), level_logits.device))
+    pruned = _check(level_logits, tree, depth)
+    plan = _plan(pruned, level_logits.device)
+    if transition is None:
+        return _draft(level_logits, plan)
+    _check_transition(transition, roots, level_logits)
+    return _draft_with_transition(level_logits, plan, _transition_plan(pruned, level_logits.device), transition,
+                                  roots)
 
 
 def _draft(level_logits: torch.Tensor, plan: _LevelPlan) -> Draft:
@@ -97,14 +182,19 @@ def _draft(level_logits: torch.Tensor, plan: _LevelPlan) -> Draft:
                  None, DraftScheme.DETERMINISTIC)
 
 
-def level_tree_draft_ref(level_logits: torch.Tensor, tree, depth: int | None = None) -> Draft:
+def level_tree_draft_ref(level_logits: torch.Tensor, tree, depth: int | None = None, *,
+                         transition: Transition | None = None, roots: torch.Tensor | None = None) -> Draft:
     """Reference twin of :func:`level_tree_draft`: per row and node, the rank-``r_d`` entry of a stable descending
-    ``argsort`` of level ``d`` (identical to ``topk`` when no two logits of a level tie).
+    ``argsort`` of level ``d`` (identical to ``topk`` when no two logits of a level tie). With a ``transition``,
+    one call per node (its parent's token in every row), in node order.
 
     Args:
         level_logits: Shape ``[B, D, V]``.
         tree: tree choices or a compiled tree.
         depth: levels to draft; default the tree's depth.
+        transition: as in :func:`level_tree_draft`.
+            Shape: ``prev_tokens [B, n]`` -> ``[B, n, V]``.
+        roots: Shape ``[B]`` int64, needed with a ``transition``.
 
     Returns:
         A ``DETERMINISTIC`` :class:`~specdec.types.Draft`.
@@ -114,10 +204,18 @@ def level_tree_draft_ref(level_logits: torch.Tensor, tree, depth: int | None = N
     pruned = _check(level_logits, tree, depth)
     B = level_logits.shape[0]
     tokens = torch.zeros(B, pruned.num_nodes, dtype=torch.long, device=level_logits.device)
-    for b in range(B):
-        for i, path in enumerate(pruned.choices):
-            order = torch.argsort(level_logits[b, len(path) - 1], descending=True, stable=True)
-            tokens[b, i] = order[path[-1]]
+    if transition is not None:
+        _check_transition(transition, roots, level_logits)
+        held = torch.cat([roots[:, None].to(torch.long), tokens], 1)               # node i's token: held[:, i]
+        parent_of = pruned.parents.tolist()
+    for i, path in enumerate(pruned.choices):
+        z = level_logits[:, len(path) - 1]                                         # [B, V]
+        if transition is not None:
+            z = z + transition(held[:, parent_of[i + 1], None], len(path))[:, 0]
+        for b in range(B):
+            tokens[b, i] = torch.argsort(z[b], descending=True, stable=True)[path[-1]]
+        if transition is not None:
+            held[:, i + 1] = tokens[:, i]
     parents, depths = pruned.expand(B, level_logits.device)
     return Draft(tokens, parents, depths, None, DraftScheme.DETERMINISTIC)
 
@@ -171,15 +269,27 @@ class LevelTree:
         """Deepest level of the tree."""
         return self.tree.max_depth
 
-    def draft(self, level_logits: torch.Tensor, depth: int | None = None) -> Draft:
+    def draft(self, level_logits: torch.Tensor, depth: int | None = None, *,
+              transition: Transition | None = None, roots: torch.Tensor | None = None) -> Draft:
         """Draft the tree (pruned to ``depth`` levels) from per-level logits.
+
+        Without ``transition``: one ``topk`` and one gather (:func:`level_tree_draft`). With it, each node's
+        children are the top ranks of ``z_d + transition(parent token, d)``: one batched ``transition`` call and
+        one ``topk`` per level (a chain: one ``argmax`` per level).
 
         Args:
             level_logits: Shape ``[B, D, V]`` (``D >= depth``).
             depth: levels to draft; default the tree's depth.
+            transition: ``transition(prev_tokens, d) -> bias`` (DSpark's Markov head) or ``None``.
+                Shape: ``prev_tokens [B, n]`` int64 -> ``bias [B, n, V]``.
+            roots: the root tokens, parents of level 1 (needed with ``transition``).
+                Shape: ``[B]`` int64.
 
         Returns:
             A ``DETERMINISTIC`` :class:`~specdec.types.Draft` (index plans are built once per depth and device).
+
+        References:
+            Medusa arXiv 2401.10774; DSpark arXiv 2607.05147 (the Markov head).
         """
         depth = self.max_depth if depth is None else min(depth, self.max_depth)
         key = (depth, str(level_logits.device))
@@ -188,7 +298,13 @@ class LevelTree:
             plan = self._plans[key] = _plan(_check(level_logits, self.tree, depth), level_logits.device)
         elif level_logits.dim() != 3 or level_logits.shape[1] < depth or level_logits.shape[-1] < plan.width:
             _check(level_logits, self.tree, depth)  # raises the descriptive error
-        return _draft(level_logits, plan)
+        if transition is None:
+            return _draft(level_logits, plan)
+        _check_transition(transition, roots, level_logits)
+        steps = self._plans.get(key + ("transition",))
+        if steps is None:
+            steps = self._plans[key + ("transition",)] = _transition_plan(self.tree.prune(depth), level_logits.device)
+        return _draft_with_transition(level_logits, plan, steps, transition, roots)
 
 
 def as_level_policy(tree) -> LevelTree:
