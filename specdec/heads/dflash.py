@@ -56,21 +56,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from ..drafters.parallel import LevelOutput
 from ..nn import Attention, DecoderConfig, DecoderLayer, KVCache, RMSNorm, RotaryEmbedding, apply_rotary, zero_linear
 from ..nn.attention import masked_attention
 from .common import target_dims, text_config
 
-try:  # the shared parallel-drafting contract (specdec/drafters/parallel.py); a local twin until it lands
-    from ..drafters.parallel import LevelOutput
-except ImportError:  # pragma: no cover - removed once LevelOutput is in drafters/parallel.py
-    class LevelOutput(NamedTuple):
-        """Draft logits of levels ``1..D``, optional confidences and a Markov transition (see drafters.parallel)."""
-
-        logits: torch.Tensor
-        confidence: torch.Tensor | None = None
-        transition: Callable[[torch.Tensor, int], torch.Tensor] | None = None
-
-__all__ = ["DFlashConfig", "DFlashHead", "DSparkHead", "DFlashState", "default_dflash_layers", "LevelOutput"]
+__all__ = ["DFlashConfig", "DFlashHead", "DSparkHead", "DFlashState", "default_dflash_layers"]
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated")
 
