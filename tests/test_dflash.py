@@ -15,7 +15,7 @@ from test_generate_sampling import ALPHA, PARAMS, TARGET, TREE, _exact_law, _sam
 from tiny_models import VOCAB, tiny_model
 
 from specdec import recipes
-from specdec.drafters.base import Feedback
+from specdec.drafters.base import Feedback, ProposeRequest
 from specdec.drafters.parallel import ParallelDrafter
 from specdec.formats.dflash import (
     DFlashFormatError,
@@ -27,6 +27,7 @@ from specdec.formats.dflash import (
 from specdec.generate import generate
 from specdec.heads.dflash import DFlashConfig, DFlashHead, DSparkHead, default_dflash_layers
 from specdec.testing import chi_square_test
+from specdec.types import SamplingParams
 from specdec.training.dflash import block_accuracy, sample_anchors, train_dflash, train_dspark
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -244,9 +245,40 @@ def test_gated_dspark_greedy_is_token_identical_to_plain_greedy(target, trained,
         assert spec.stats.tau > 1.0
 
 
-def test_trained_dspark_confidence_tracks_acceptance(target, trained, text):
-    levels = block_accuracy(trained["dspark"], target, text[:8, :40])
-    assert levels.shape == (trained["dspark"].num_levels,) and float(levels[0]) > 0.3
+def test_trained_dspark_confidence_is_calibrated_at_level_one(target, trained, text):
+    head = trained["dspark"]
+    windows = text[:8, :40]
+    levels = block_accuracy(head, target, windows, num_anchors=16)
+    assert levels.shape == (head.num_levels,) and float(levels[0]) > 0.3
+    with torch.no_grad():
+        out = target(input_ids=windows, output_hidden_states=True)
+        feats = tuple(out.hidden_states[i] for i in head.feature_layers)
+        anchors = sample_anchors(8, 40, head.num_levels, 16, generator=torch.Generator().manual_seed(0))
+        hidden = head.blocks_hidden(feats, windows, anchors)
+        prev = windows.gather(1, (anchors[:, :, None] + torch.arange(head.num_levels)).reshape(8, -1))
+        confidence = torch.sigmoid(head.confidence_logits(hidden, prev.reshape(hidden.shape[:3])))
+    assert abs(float(confidence[..., 0].mean()) - float(levels[0])) < 0.2  # the BCE made it track acceptance
+
+
+def test_gate_cuts_each_rows_verified_depth_to_its_confidence(target, trained):
+    gating = _gating()
+    head = trained["dspark"]
+    ids = torch.randint(1, VOCAB, (6, 8), generator=torch.Generator().manual_seed(11))
+    fb = _feedback(target, ids, torch.ones_like(ids, dtype=torch.bool), head.feature_layers, ids[:, -1])
+    out = head.level_outputs(head.start(fb))
+    prefix = out.confidence.cumprod(1)                                         # P(levels 1..d all accepted)
+    threshold = float(prefix[:, 1].median())                                   # rows fall on both sides
+    drafter = recipes.dspark(head, gate=gating.ConfidenceGate(threshold=threshold))
+    state = drafter.start(fb)
+    request = ProposeRequest(roots=ids[:, -1], root_positions=torch.full((6,), 8), num_drafts=head.num_levels,
+                             sampling=SamplingParams(), source=None, active=torch.ones(6, dtype=torch.bool))
+    draft, _ = drafter.propose(state, request)
+    depth = (draft.parents[:, 1:] >= 0).sum(1)                                 # a chain: present nodes = depth
+    expected = ((prefix >= threshold).long().cumprod(1).sum(1)).clamp(min=1)
+    assert torch.equal(depth, expected) and len(set(depth.tolist())) > 1
+    ungated, _ = recipes.dspark(head, gate=None).propose(drafter.start(fb), request)
+    kept = draft.parents[:, 1:] >= 0
+    assert torch.equal(draft.tokens[kept], ungated.tokens[kept])               # cutting only removes drafts
 
 
 # --------------------------------------------------------------------------------------------------------
