@@ -27,8 +27,8 @@ from specdec.formats.dflash import (
 from specdec.generate import generate
 from specdec.heads.dflash import DFlashConfig, DFlashHead, DSparkHead, default_dflash_layers
 from specdec.testing import chi_square_test
-from specdec.types import SamplingParams
 from specdec.training.dflash import block_accuracy, sample_anchors, train_dflash, train_dspark
+from specdec.types import SamplingParams
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 HEADS = {"dflash": (DFlashHead, {}), "dspark": (DSparkHead, {}),
@@ -419,6 +419,25 @@ def test_zlab_missing_fields_give_named_errors(tmp_path, edit, match):
         load_dflash_head(folder, model)
 
 
+def test_hand_written_speculators_dspark_checkpoint_loads(tmp_path):
+    """A config written as speculators' own tests write one (minimal fields, ``model.``-prefixed weights)."""
+    from safetensors.torch import save_file
+
+    model = tiny_model("qwen3", seed=12)
+    head = DSparkHead.from_target(model, block_size=5, feature_layers=(1, 2), markov_rank=6, seed=13)
+    config = {"speculators_model_type": "dspark", "speculators_config": None, "aux_hidden_state_layer_ids": [1, 2],
+              "block_size": 5, "mask_token_id": head.config.mask_token_id, "markov_rank": 6,
+              "markov_head_type": "vanilla", "enable_confidence_head": True, "confidence_head_with_markov": True,
+              "transformer_layer_config": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+                                           "num_hidden_layers": 1, "num_attention_heads": 4,
+                                           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({f"model.{k}": v.contiguous() for k, v in head.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    loaded = load_dflash_head(tmp_path, model)
+    _same_head(head, loaded)
+    assert loaded.config.sample_from_anchor and loaded.num_levels == 5  # speculators' DSpark default
+
+
 @pytest.mark.parametrize("edit,match", [
     (lambda c: c.pop("aux_hidden_state_layer_ids") and c.pop("dflash_config"), "aux_hidden_state_layer_ids"),
     (lambda c: [c.pop(k) for k in ("mask_token_id", "dspark_noise_token_id", "ptd_token_id", "dflash_config")],
@@ -510,3 +529,27 @@ def test_runner_smoke_on_the_demo_target(tmp_path, method):
     load_dflash_head(out / method / "final", transformers.AutoModelForCausalLM.from_pretrained(target))
     if method == "dflash":
         assert (out / "dflash-zlab" / "config.json").exists()
+
+
+# --------------------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU)
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_cuda_training_with_autocast_and_greedy_identity(method):
+    model = tiny_model("llama", seed=0, scale=4.0).cuda()
+    prompts = torch.randint(1, VOCAB, (32, 3), generator=torch.Generator().manual_seed(5)).cuda()
+    text = generate(model, prompts, max_new_tokens=40, eos_token_id=[]).sequences
+    head = train_dflash(model, text, method=method, steps=100, batch_size=8, seq_len=32, anchors_per_seq=16,
+                        block_size=4, lr=3e-3, progress=False).head
+    assert head.device.type == "cuda" and head.dtype == torch.float32
+    ids, mask = _prompts(3)
+    ids, mask = ids.cuda(), mask.cuda()
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=24)
+    for tree in (None, [(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]):
+        drafter = recipes.dflash(head, tree) if method == "dflash" else recipes.dspark(head, tree)
+        spec = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24)
+        assert torch.equal(spec.sequences, plain.sequences)
