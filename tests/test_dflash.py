@@ -455,6 +455,17 @@ def test_speculators_missing_fields_give_named_errors(tmp_path, edit, match):
         load_dflash_head(folder, model)
 
 
+def test_missing_weights_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_dflash_head(DFlashHead.from_target(tiny_model("qwen3")), tmp_path / "h")
+    state = load_file(str(folder / "model.safetensors"))
+    state.pop("fc.weight")
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(DFlashFormatError, match="fc.weight"):
+        load_dflash_head(folder, tiny_model("qwen3"))
+
+
 def test_loading_for_another_target_names_both_sizes(tmp_path):
     folder = save_dflash_head(DFlashHead.from_target(tiny_model("qwen3")), tmp_path / "h")
     with pytest.raises(ValueError, match="width 64 but the target's hidden size is 32"):

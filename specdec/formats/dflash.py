@@ -237,8 +237,14 @@ def load_dflash_head(path_or_hub_id, target, *, dtype: torch.dtype | None = None
     if lm_head is not None and lm_head.shape[0] != t_vocab:
         raise DFlashFormatError(f"the checkpoint's lm_head has {lm_head.shape[0]} rows (a reduced draft vocabulary) "
                                 f"but the target has {t_vocab}: not supported")
+    needed = ("fc.weight", "norm.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+              "layers.0.mlp.gate_proj.weight")
+    missing = [k for k in needed if k not in state]
+    if missing:
+        raise DFlashFormatError(f"the checkpoint lacks the weights {missing}: not a DFlash / DSpark head (expected "
+                                f"'fc', 'hidden_norm', 'norm' and 'layers.N.*', optionally 'model.'-prefixed)")
     heads = int(_required(layer, "num_attention_heads", "set the decoder layer's attention heads"))
-    hidden = int(state["norm.weight"].shape[0]) if "norm.weight" in state else int(layer.get("hidden_size", 0))
+    hidden = int(state["norm.weight"].shape[0])
     if hidden != t_hidden:
         raise ValueError(f"this DFlash head has width {hidden} but the target's hidden size is {t_hidden}: it was "
                          f"made for another target (its lm_head is the target's)")
