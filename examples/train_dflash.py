@@ -55,6 +55,9 @@ def main(argv=None) -> int:
                         help="directory of Python sources (default: this Python's standard library)")
     parser.add_argument("--out-dir", default="runs/dflash")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="target dtype (default: bfloat16 on CUDA, float32 elsewhere, where greedy output is "
+                             "token-identical to plain decoding)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--time-budget", type=float, default=None, help="wall-clock seconds of training")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -86,7 +89,8 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     token_lists = tokenizer(texts, add_special_tokens=False)["input_ids"]
     print(f"{len(texts)} training files ({len(held)} held out), {sum(len(t) for t in token_lists)} tokens")
-    target = AutoModelForCausalLM.from_pretrained(args.target).to(device).eval()
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
     t0 = time.time()
     result = train_dflash(target, token_lists, method=args.method, steps=args.steps, batch_size=args.batch_size,
                           seq_len=args.seq_len, anchors_per_seq=args.anchors, block_size=args.block_size,
