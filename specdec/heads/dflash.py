@@ -36,7 +36,8 @@ speculators' ``aux_hidden_state_layer_ids`` already store ``target_layer_ids + 1
 State and cost per step (:meth:`DFlashHead.start`, :meth:`DFlashHead.update`, :meth:`DFlashHead.level_logits`):
 the head keeps each layer's context keys and values of the committed tokens in a cache whose slot is the
 token's position (rows stay aligned, nothing to compact); ``update`` projects the newly committed features into
-it; a draft is one forward of the ``B x block_size`` block over the cache. A host-side bound of the row lengths
+it; a draft is one forward of the ``B x block_size`` block over the cache (the block's own keys are written past the
+committed entries, where the next update overwrites them). A host-side bound of the row lengths
 decides how much of the cache is read, so no step syncs with the device (one deliberate sync every
 ``resync_every`` updates re-tightens the bound).
 
@@ -57,7 +58,17 @@ from einops import rearrange
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
-from ..nn import Attention, DecoderConfig, DecoderLayer, KVCache, RMSNorm, RotaryEmbedding, apply_rotary, zero_linear
+from ..nn import (
+    Attention,
+    DecoderConfig,
+    DecoderLayer,
+    KVCache,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+    cached_attention,
+    zero_linear,
+)
 from ..nn.attention import masked_attention
 from .common import target_dims, text_config
 
@@ -667,7 +678,7 @@ class DFlashHead(nn.Module):
         return DFlashState(cache, lengths, feedback.roots, bound, since)
 
     def _ensure_capacity(self, state: DFlashState, width: int) -> DFlashState:
-        need = state.bound + width + 1  # + 1: the trash slot
+        need = state.bound + width + self.config.block_size + 1  # the next block's slots, then the trash slot
         if need <= state.cache.capacity:
             return state
         old = state.cache
@@ -682,25 +693,25 @@ class DFlashHead(nn.Module):
     def draft_hidden(self, state: DFlashState) -> torch.Tensor:
         """ONE forward of each row's block over its context cache.
 
+        The block's keys and values are written into the cache at the block's own positions (slots
+        ``len .. len + bs - 1``, past the row's committed entries): the next :meth:`update` overwrites those that
+        get committed, and the rest stay masked (a draft sees slots ``< len`` and its own block), so no
+        concatenation copies the context per layer.
+
         Args:
             state: from :meth:`start` / :meth:`update` (anchor = ``state.roots`` at position ``state.lengths``).
 
         Returns:
             Shape ``[B, bs, H]``: the normed hidden state of every slot.
         """
-        cache, lengths = state.cache, state.lengths
-        B, bs, n = lengths.shape[0], self.config.block_size, max(state.bound, 1)
-        device = lengths.device
-        positions = lengths[:, None] + torch.arange(bs, device=device)
-        sees = (torch.arange(n, device=device) < lengths[:, None])[:, None, None, :].expand(B, 1, bs, n)
-        mask = torch.cat([sees, sees.new_ones(B, 1, bs, bs)], dim=-1)
-
-        def attend_for_layer(i: int):
-            k_ctx, v_ctx = cache.keys[i][:, :, :n], cache.values[i][:, :, :n]
-            return lambda q, k, v: masked_attention(q, torch.cat([k_ctx.to(k.dtype), k], 2),
-                                                    torch.cat([v_ctx.to(v.dtype), v], 2), mask)
-
-        return self.run_layers(self.block_tokens(state.roots), positions, attend_for_layer)
+        lengths = state.lengths
+        B, bs = lengths.shape[0], self.config.block_size
+        n = state.bound + bs  # <= capacity - 1: the trash slot is never read
+        positions = lengths[:, None] + torch.arange(bs, device=lengths.device)
+        sees = torch.arange(n, device=lengths.device) < (lengths + bs)[:, None]
+        mask = sees[:, None, None, :].expand(B, 1, bs, n)
+        return self.run_layers(self.block_tokens(state.roots), positions,
+                               cached_attention(state.cache, positions, mask, n))
 
     @torch.no_grad()
     def level_logits(self, state: DFlashState, request=None) -> torch.Tensor:
