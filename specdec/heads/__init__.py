@@ -14,3 +14,6 @@ from .medusa import MedusaConfig, MedusaHead, medusa_target_dims
 __all__ = ["Eagle1Head", "Eagle3Head", "EagleConfig", "HeadCache", "check_draft_vocab", "default_feature_layers",
            "target_dims", "text_config"]
 __all__ += ['MedusaConfig', 'MedusaHead', 'medusa_target_dims']
+from .peagle import PEagleConfig, PEagleHead, PEagleState, peagle_feature_layers
+
+__all__ += ["PEagleConfig", "PEagleHead", "PEagleState", "peagle_feature_layers"]
