@@ -10,3 +10,6 @@ __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_sta
 __all__ += [
     "load_medusa_head", "save_medusa_head", "read_medusa_state_dict", "MedusaMismatchError", "MedusaFormatError"
 ]
+from .peagle import PEagleFormatError, load_peagle_head, save_peagle_head
+
+__all__ += ["load_peagle_head", "save_peagle_head", "PEagleFormatError"]
