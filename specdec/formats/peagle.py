@@ -32,8 +32,8 @@ import torch
 
 from ..heads.eagle import check_draft_vocab, target_dims
 from ..heads.peagle import PEagleConfig, PEagleHead, peagle_feature_layers
-from .eagle import _draft_vocab, _dtype_name, _llama_config, _normalize_keys, _num_layers, _resolve, _rope, _write
 from .common import read_weights
+from .eagle import _draft_vocab, _dtype_name, _llama_config, _normalize_keys, _num_layers, _resolve, _rope, _write
 
 __all__ = ["PEagleFormatError", "load_peagle_head", "save_peagle_head"]
 

@@ -115,7 +115,7 @@ class PEagleState(NamedTuple):
     bound: int
 
 
-def _round_up(n: int, m: int = 64) -> int:
+def _round_up(n: int, m: int = 16) -> int:
     return (n + m - 1) // m * m
 
 
