@@ -91,15 +91,16 @@ def test_head_shapes_and_protocol(target, random_head):
         PEagleHead.from_target(target, feature_layers=LAYERS, mask_token_id=VOCAB + 1)
 
 
-def _walk(head, target, seqs, prompt_lens, steps, *, pad_left=0):
+def _walk(head, target, seqs, prompt_lens, steps, *, pad_left=0, atol=2e-5):
     """Drive a head over ragged rows (prompts, then per-step commit counts; 0 = finished row) and compare each
     step's drafts with the uncached reference on the row's whole committed prefix."""
     B = len(seqs)
+    dev = seqs[0].device
     K = head.num_levels
     P = max(prompt_lens) + pad_left
-    tokens = torch.zeros(B, P, dtype=torch.long)
-    valid = torch.zeros(B, P, dtype=torch.bool)
-    feats = [torch.zeros(B, P, f.shape[-1]) for f in _features(target, seqs[0][None, :1])]
+    tokens = torch.zeros(B, P, dtype=torch.long, device=dev)
+    valid = torch.zeros(B, P, dtype=torch.bool, device=dev)
+    feats = [torch.zeros(B, P, f.shape[-1], device=dev) for f in _features(target, seqs[0][None, :1])]
     for b, (seq, n) in enumerate(zip(seqs, prompt_lens)):
         tokens[b, P - n:] = seq[:n]
         valid[b, P - n:] = True
@@ -118,14 +119,14 @@ def _walk(head, target, seqs, prompt_lens, steps, *, pad_left=0):
                 continue
             L = lengths[b]
             ref = head.chain_logits_ref(seq[None, :L], _features(target, seq[None, :L]), seq[L][None], K)
-            torch.testing.assert_close(logits[b], ref[0], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(logits[b], ref[0], atol=atol, rtol=1e-4)
         if counts is None:
             break
         M = max(max(counts), 1)
-        ar = torch.arange(M)
-        tok = torch.zeros(B, M, dtype=torch.long)
-        fb_feats = [torch.zeros(B, M, f.shape[-1]) for f in feats]
-        new_roots = torch.zeros(B, dtype=torch.long)
+        ar = torch.arange(M, device=dev)
+        tok = torch.zeros(B, M, dtype=torch.long, device=dev)
+        fb_feats = [torch.zeros(B, M, f.shape[-1], device=dev) for f in feats]
+        new_roots = torch.zeros(B, dtype=torch.long, device=dev)
         for b, (seq, n) in enumerate(zip(seqs, counts)):
             L = lengths[b]
             if n == 0:
@@ -136,8 +137,8 @@ def _walk(head, target, seqs, prompt_lens, steps, *, pad_left=0):
                 f[b, :n] = g[0, L:L + n]
             new_roots[b] = seq[L + n]
             lengths[b] = L + n
-        fb_valid = ar[None] < torch.tensor(counts)[:, None]
-        fb_pos = torch.tensor([lengths[b] - counts[b] for b in range(B)])[:, None] + ar
+        fb_valid = ar[None] < torch.tensor(counts, device=dev)[:, None]
+        fb_pos = torch.tensor([lengths[b] - counts[b] for b in range(B)], device=dev)[:, None] + ar
         state = head.update(state, Feedback(tokens=tok, next_tokens=tok, positions=fb_pos, valid=fb_valid,
                                             features=tuple(fb_feats), roots=new_roots))
 
@@ -351,3 +352,30 @@ def test_runner_smoke(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps_done"] == 2 and len(summary["validation"]["accuracy"]) == 2
     assert (tmp_path / "peagle" / "final" / "model.safetensors").exists()
+
+
+# --------------------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU): the Triton input kernel inside the head, greedy identity, training with autocast
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_greedy_identity_and_reference(trained):
+    model = tiny_model("llama", seed=0, scale=4.0).cuda()
+    head = PEagleHead.from_target(model, max_drafts=4, feature_layers=LAYERS)
+    head.load_state_dict(trained.state_dict())
+    head = head.cuda().eval()
+    seq = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(1)).cuda()
+    _walk(head, model, [seq], [6], [[3], [1], [5]], atol=1e-3)  # GPU attention kernels differ by path
+    ids = torch.randint(1, VOCAB, (3, 6), generator=torch.Generator().manual_seed(1)).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=24)
+    for tree in (None, TREE):
+        spec = generate(model, ids, attention_mask=mask, drafter=recipes.peagle(head, tree), max_new_tokens=24)
+        assert torch.equal(spec.sequences, plain.sequences)
+    window = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(7)).cuda()
+    result = train_peagle(model, window, steps=3, batch_size=2, seq_len=20, max_drafts=2, feature_layers=LAYERS,
+                          progress=False)
+    assert all(torch.isfinite(torch.tensor(r.loss)) for r in result.history)
