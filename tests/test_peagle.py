@@ -234,6 +234,24 @@ def test_drafts_are_valid_deterministic_trees(target, random_head):
     assert state.num_forwards == 1 and draft.max_depth == 2
 
 
+def test_reduced_draft_vocabulary_maps_to_target_ids_trains_and_round_trips(target, tmp_path):
+    from specdec.training import build_draft_vocab
+
+    counts = torch.arange(VOCAB, 0, -1)
+    d2t, t2d = build_draft_vocab(counts, 50)
+    head = _perturbed(PEagleHead.from_target(target, max_drafts=3, feature_layers=LAYERS, draft_vocab=(d2t, t2d)))
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(9))
+    fb = Feedback(tokens=ids, next_tokens=ids, positions=torch.arange(6).expand(2, -1),
+                  valid=torch.ones(2, 6, dtype=torch.bool), features=_features(target, ids), roots=ids[:, -1])
+    logits = head.level_logits(head.start(fb), _request(2, 3))
+    assert logits.shape == (2, 3, VOCAB)
+    assert torch.equal(torch.isfinite(logits), t2d.expand(2, 3, -1))  # only draft-vocabulary ids can be drafted
+    window = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(10))
+    result = train_peagle(target, window, head=head, steps=2, batch_size=2, seq_len=16, max_drafts=3, progress=False)
+    assert all(torch.isfinite(torch.tensor(r.loss)) for r in result.history)
+    _same_head(result.head, load_peagle_head(save_peagle_head(result.head, tmp_path / "pe"), target))
+
+
 # --------------------------------------------------------------------------------------------------------
 # Format
 # --------------------------------------------------------------------------------------------------------
