@@ -203,6 +203,19 @@ def test_generate_greedy_is_token_identical_to_plain_greedy(target, trained, tre
     assert spec.stats.tau > 1.0 and spec.stats.num_target_forwards < plain.stats.num_target_forwards
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_neox"])
+def test_greedy_identity_on_other_architectures_with_default_feature_layers(arch):
+    model = tiny_model(arch, seed=2, scale=4.0)
+    head = _perturbed(PEagleHead.from_target(model, max_drafts=3), seed=4, scale=0.1)
+    assert head.feature_layers == (1, 2)  # a 2-layer target: every decoder layer's output
+    ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=16)
+    for tree in (None, TREE):
+        spec = generate(model, ids, attention_mask=mask, drafter=recipes.peagle(head, tree), max_new_tokens=16)
+        assert torch.equal(spec.sequences, plain.sequences)
+
+
 def test_recipe_chain_length_and_errors(trained):
     assert recipes.peagle(trained, num_drafts=2).max_num_drafts == 2
     assert recipes.peagle(trained).max_num_drafts == 4
