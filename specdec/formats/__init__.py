@@ -5,8 +5,10 @@
 """
 from .eagle import export_speculators, load_eagle_head, read_state_dict, save_eagle_head
 from .medusa import MedusaFormatError, MedusaMismatchError, load_medusa_head, read_medusa_state_dict, save_medusa_head
+from .peagle import PEagleFormatError, load_peagle_head, save_peagle_head
 
 __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]
 __all__ += [
     "load_medusa_head", "save_medusa_head", "read_medusa_state_dict", "MedusaMismatchError", "MedusaFormatError"
 ]
+__all__ += ["load_peagle_head", "save_peagle_head", "PEagleFormatError"]

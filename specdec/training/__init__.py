@@ -25,6 +25,7 @@ from .medusa import (
     train_medusa1,
     train_medusa2,
 )
+from .peagle import PEagleBlock, PEagleEval, cod_counts, evaluate_peagle, peagle_block, peagle_loss, train_peagle
 
 __all__ = [
     "FitRecord",
@@ -44,3 +45,5 @@ __all__ += [
     "MedusaTrainResult", "Medusa2Result", "LoRALinear", "apply_lora", "merge_lora", "medusa_loss",
     "distillation_kl", "train_medusa1", "train_medusa2"
 ]
+__all__ += ["PEagleBlock", "PEagleEval", "cod_counts", "evaluate_peagle", "peagle_block", "peagle_loss",
+            "train_peagle"]
