@@ -398,7 +398,9 @@ def _head_fill_values(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return _fill_values(dtype, device)
     key = (dtype, device)
     if key not in _FILL_CACHE:
-        _FILL_CACHE[key] = torch.tensor([1, 0], dtype=torch.uint8, device=device)  # a bool mask, written as bytes
+        values = torch.zeros(2, dtype=torch.uint8, device=device)  # a bool mask, written as bytes: [True, False]
+        values[0] = 1  # a fill, not a host-to-device copy: safe even inside a CUDA graph capture
+        _FILL_CACHE[key] = values
     return _FILL_CACHE[key]
 
 
