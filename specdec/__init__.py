@@ -17,6 +17,7 @@ from . import (
                bench,
                drafters,
                formats,
+               gating,
                graphs,
                heads,
                inputs,
