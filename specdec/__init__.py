@@ -76,6 +76,7 @@ __all__ = [
     # drafters and schedules
     "DraftModelDrafter", "PromptLookupDrafter", "ParallelDrafter", "Schedule", "make_schedule",
     # submodules
-    "adapter", "bench", "drafters", "formats", "graphs", "heads", "inputs", "kernels", "masks", "nn", "recipes", "rows",
+    "adapter", "bench", "drafters", "formats", "gating", "graphs", "heads", "inputs", "kernels", "masks", "nn",
+    "recipes", "rows",
     "sampling", "schedule", "stats", "step", "testing", "training", "trees", "verify",
 ]

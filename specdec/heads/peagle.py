@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..drafters.parallel import LevelOutput
 from ..kernels.parallel_inputs import parallel_draft_inputs
 from .eagle import Eagle3Head, EagleConfig, HeadCache, _config_from_target, default_feature_layers, target_dims
 
@@ -87,17 +88,14 @@ def peagle_feature_layers(num_target_layers: int) -> tuple[int, ...]:
     return tuple(range(1, num_target_layers + 1))
 
 
-class _Pending:
-    """Committed entries not yet in the head's cache (the next forward writes them), left-aligned per row.
+class _Pending(NamedTuple):
+    """Committed entries not yet in the head's cache (the next forward writes them), left-aligned per row."""
 
-    Mutable on purpose: :meth:`PEagleHead.level_logits` writes them into the (in-place) cache and sets ``written``.
-    """
-
-    __slots__ = ("tokens", "hidden", "num_valid", "next_tokens", "starts", "written")
-
-    def __init__(self, tokens, hidden, num_valid, next_tokens, starts):
-        self.tokens, self.hidden, self.num_valid = tokens, hidden, num_valid
-        self.next_tokens, self.starts, self.written = next_tokens, starts, False
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    num_valid: torch.Tensor
+    next_tokens: torch.Tensor
+    starts: torch.Tensor
 
 
 class PEagleState(NamedTuple):
@@ -108,11 +106,14 @@ class PEagleState(NamedTuple):
         pending: the committed entries the next forward absorbs (tokens ``[B, M]``, hidden ``[B, M, H]``,
             ``num_valid [B]``, ``next_tokens [B]`` = the new roots, ``starts [B]`` = position of entry 0).
         bound: host-side upper bound of ``starts`` (sizes the cache and the attended length; no host sync).
+        written: whether a forward has already written ``pending`` into the cache (then :meth:`PEagleHead.update`
+            need not absorb it first).
     """
 
     cache: HeadCache
     pending: _Pending
     bound: int
+    written: bool = False
 
 
 def _round_up(n: int, m: int = 16) -> int:
@@ -326,9 +327,8 @@ class PEagleHead(Eagle3Head):
         """
         old = state.pending
         width = old.tokens.shape[1]
-        if not old.written:
+        if not state.written:  # a plain step (K = 0) ran no forward: absorb the entries now
             self.draft_block(old, state.cache, 1, min(state.cache.capacity, state.bound + width))
-            old.written = True
         bound = state.bound + width  # each row's new start <= its old start + its old entries
         B, M = feedback.tokens.shape
         cache = self._with_capacity(state.cache, B, bound + M + self.num_levels, feedback.tokens.device)
@@ -343,14 +343,26 @@ class PEagleHead(Eagle3Head):
             request: the step's :class:`~specdec.drafters.ProposeRequest` (``None``: ``K_max`` levels).
 
         Returns:
-            Shape ``[B, K, V]``.
+            Shape ``[B, K, V]``. The state is not marked as absorbed (a later :meth:`update` writes the same keys
+            again, harmlessly); :meth:`level_outputs` returns the marked successor.
         """
         K = self.num_levels if request is None else max(1, min(self.num_levels, int(request.num_drafts)))
         pending = state.pending
         kv_length = min(state.cache.capacity, state.bound + pending.tokens.shape[1] + K - 1)
-        logits = self.draft_block(pending, state.cache, K, kv_length)
-        pending.written = True
-        return logits
+        return self.draft_block(pending, state.cache, K, kv_length)
+
+    @torch.no_grad()
+    def level_outputs(self, state: PEagleState, request=None) -> LevelOutput:
+        """:meth:`level_logits`, with the successor state (its pending entries now in the cache).
+
+        Args:
+            state: from :meth:`start` / :meth:`update`.
+            request: the step's :class:`~specdec.drafters.ProposeRequest`.
+
+        Returns:
+            ``LevelOutput(logits [B, K, V], state=<state marked written>)``.
+        """
+        return LevelOutput(logits=self.level_logits(state, request), state=state._replace(written=True))
 
     @torch.no_grad()
     def chain_logits_ref(self, tokens: torch.Tensor, features: Sequence[torch.Tensor], next_tokens: torch.Tensor,
