@@ -178,8 +178,6 @@ def test_greedy_fast_path_is_token_identical_to_the_eager_path(name, batch, devi
     model = tiny_model("llama", scale=3.0).to(device)
     ids, mask = _prompts(batch, device)
     drafter = _drafter(name, model)
-    if drafter is not None and hasattr(drafter, "to"):
-        drafter.to(device)
     eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24, eos_token_id=[])
     fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24, eos_token_id=[], fast=True)
     assert torch.equal(eager.sequences, fast.sequences)
@@ -188,6 +186,16 @@ def test_greedy_fast_path_is_token_identical_to_the_eager_path(name, batch, devi
         hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
                             pad_token_id=0, eos_token_id=None)
         assert torch.equal(fast.sequences, hf)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3", "gpt_neox", "phi3"])
+def test_other_architectures_run_the_static_path_with_the_same_tokens(arch):
+    model = tiny_model(arch, scale=3.0)
+    ids, mask = _prompts(3)
+    drafter = DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=3, tree=TREE)
+    runs = [generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=12, eos_token_id=[], fast=fast)
+            for fast in (False, True)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
 
 
 @pytest.mark.parametrize("device", DEVICES)
