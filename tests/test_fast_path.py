@@ -268,3 +268,31 @@ def test_a_replayed_bucket_graph_gives_the_eager_logits():
         outs.append((first, again))
     for (g, r) in zip(outs[0], outs[1]):
         _assert_same(g, r, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("drafter_name", ["plain", "draft_model_chain_sampled", "eagle2_dynamic_tree"])
+def test_sampled_law_through_the_captured_fast_path_equals_the_enumerated_target_law(drafter_name):
+    import test_generate_sampling as law_test
+
+    from specdec.testing import chi_square_test
+
+    target = copy.deepcopy(law_test.TARGET).cuda()
+    torch.manual_seed(5)
+    drafter = {"plain": lambda: None,
+               "draft_model_chain_sampled": lambda: DraftModelDrafter(noisy_copy(target, 0.5, 1), num_drafts=3,
+                                                                      mode="sample"),
+               "eagle2_dynamic_tree": lambda: recipes.eagle2(Eagle1Head.from_target(target), total_tokens=8,
+                                                             depth=2, top_k=3)}[drafter_name]()
+    params = law_test.PARAMS["T1"]
+    ids = law_test.PROMPT.expand(law_test.N, -1).contiguous().cuda()
+    out = generate(target, ids, drafter=drafter, max_new_tokens=law_test.NUM_TOKENS + 2,
+                   temperature=params.temperature, generator=torch.Generator(device="cuda").manual_seed(3),
+                   eos_token_id=[], fast=True)
+    T = ids.shape[1]
+    counts = {}
+    for row in map(tuple, out.sequences[:, T:T + law_test.NUM_TOKENS].tolist()):
+        counts[row] = counts.get(row, 0) + 1
+    fit = chi_square_test(counts, law_test._exact_law(law_test.TARGET, params))
+    assert fit.p_value > law_test.ALPHA, f"{drafter_name} through the fast path: {fit}"
