@@ -58,7 +58,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .adapter import ForwardOutput, ModelAdapter, _consume, _Ticket
+from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .graphs import CapturedStep, capture_graph, capture_graph_ref
 from .kernels import compact_kv, tree_mask
 
@@ -298,6 +298,7 @@ class StaticAdapter:
         self._capture = capture
         self._buffers: _Buffers | None = None
         self._arange: torch.Tensor | None = None
+        self._live: _Ticket | None = None  # the ticket of the newest state: a new prefill spends it
 
     # ------------------------------------------------------------------ ModelAdapter's read-only surface
     @property
@@ -331,7 +332,7 @@ class StaticAdapter:
         for layer in dynamic_cache.layers:
             keys = getattr(layer, "keys", None)
             if keys is None or keys.dim() != 4 or getattr(layer, "is_sliding", False):
-                raise TypeError(
+                raise UnsupportedModelError(
                     f"{type(self.model).__name__}: a cache layer is not a full-attention key/value layer, so the "
                     f"static path cannot hold it; call generate(..., fast=False) for this model")
             shapes.append(((batch, keys.shape[1], self.capacity, keys.shape[3]), keys.dtype))
@@ -383,6 +384,8 @@ class StaticAdapter:
         if T + 1 > self.capacity:
             raise CapacityError(f"the prompt ({T} tokens) does not fit in the static cache of {self.capacity} slots "
                                 f"per row: build the adapter with a larger capacity (capacity_for(T, ...)).")
+        if self._live is not None and self._live.spent_by is None:
+            self._live.spent_by = "prefill"  # the buffers are about to be overwritten
         out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
         buf = self._ensure_buffers(dyn.cache, B, input_ids.device)
         for static, layer in zip(buf.cache.layers, dyn.cache.layers):
@@ -391,7 +394,11 @@ class StaticAdapter:
         buf.valid[:, :T].copy_(dyn.committed_valid)
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
         return out, StaticCacheState(valid=buf.valid, committed=T, lengths=dyn.lengths, pending_parents=empty,
-                                     pending_present=empty.bool(), ticket=_Ticket())
+                                     pending_present=empty.bool(), ticket=self._issue())
+
+    def _issue(self) -> _Ticket:
+        self._live = _Ticket()
+        return self._live
 
     def _check_state(self, state: StaticCacheState) -> _Buffers:
         buf = self._buffers
@@ -435,8 +442,10 @@ class StaticAdapter:
         high = buf.high_water.get(size, 0) if runner is not None else 0
         if high > end:
             mask_s[:, :, :, end:high].fill_(torch.finfo(self.model.dtype).min)
-        torch.add(self._arange[:size], start, out=slot_s) if size <= self._arange.shape[0] else slot_s.copy_(
-            torch.arange(start, end, device=slot_s.device))
+        if size <= self._arange.shape[0]:
+            torch.add(self._arange[:size], start, out=slot_s)
+        else:
+            slot_s.copy_(torch.arange(start, end, device=slot_s.device))
         inputs = (tok_s, pos_s, mask_s, slot_s)
         if size > self.buckets[-1]:  # beyond every bucket: eagerly, at its own size
             logits, feats = self._step_fn(buf.cache)(*inputs)
@@ -476,7 +485,7 @@ class StaticAdapter:
             present = torch.ones_like(tokens, dtype=torch.bool)
         out = self._run_bucket(buf, state, tokens, parents, positions, present)
         return out, state._replace(pending_parents=torch.cat([state.pending_parents, parents], 1),
-                                   pending_present=torch.cat([state.pending_present, present], 1), ticket=_Ticket())
+                                   pending_present=torch.cat([state.pending_present, present], 1), ticket=self._issue())
 
     @torch.no_grad()
     def decode(self, state: StaticCacheState, tokens: torch.Tensor) -> tuple[ForwardOutput, StaticCacheState]:
@@ -499,7 +508,7 @@ class StaticAdapter:
         out = self._run_bucket(buf, state, tokens[:, None], root, state.lengths[:, None], root < 0)
         Lc = state.committed
         buf.valid[:, Lc] = True
-        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=_Ticket())
+        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue())
 
     @torch.no_grad()
     def commit(self, state: StaticCacheState, keep: torch.Tensor, counts: torch.Tensor, *,
@@ -533,7 +542,7 @@ class StaticAdapter:
             buf.valid[:, Lc:Lc + A] = torch.arange(A, device=keep.device)[None, :] < counts[:, None]
         empty = torch.empty(B, 0, dtype=torch.long, device=keep.device)
         return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
-                              pending_present=empty.bool(), ticket=_Ticket())
+                              pending_present=empty.bool(), ticket=self._issue())
 
 
 # ---------------------------------------------------------------------- choosing the adapter in generate()

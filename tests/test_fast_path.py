@@ -149,9 +149,12 @@ def test_states_are_consumed_and_belong_to_their_adapter():
     fast.decode(state, roots)
     with pytest.raises(ConsumedStateError):
         fast.decode(state, roots)
+    _, live = fast.prefill(ids, mask)
+    _, fresh = fast.prefill(ids, mask)  # a new prompt overwrites the buffers: the older live state is spent
+    with pytest.raises(ConsumedStateError, match="prefill"):
+        fast.decode(live, roots)
     other = StaticAdapter(model, capacity=64)
     other.prefill(ids, mask)
-    _, fresh = fast.prefill(ids, mask)
     with pytest.raises(ValueError, match="other buffers"):
         other.decode(fresh, roots)
 
