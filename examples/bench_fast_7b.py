@@ -12,6 +12,8 @@ figure is the step's wall time):
   measured here (a large device-to-device copy);
 - ``gptfast`` (with ``--gptfast PATH``, the anchors folder holding ``gptfast/``): gpt-fast's compiled decode step
   (``torch.compile(mode="reduce-overhead")``, static cache) on the same shape, in the same process;
+- ``fast_plain_compiled`` / ``fast_spec_compiled`` (with ``--compile``): the same with ``torch.compile`` applied
+  before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape);
 - ``eager_spec`` / ``fast_spec``: one speculative step, EAGLE-2 (a random :class:`~specdec.heads.Eagle1Head`,
   ``DynamicTree(60, 6, 10)``, drafter graphed as ``recipes.eagle2`` delivers it), verifying the 61-node tree, with
   compaction, on each adapter.
@@ -40,8 +42,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from specdec import recipes  # noqa: E402
 from specdec.adapter import ModelAdapter  # noqa: E402
+from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
-from specdec.static import StaticAdapter, capacity_for  # noqa: E402
+from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
 
 LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -186,7 +189,8 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
             torch.cuda.empty_cache()
 
 
-COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "floor", "gptfast", "eager_spec", "fast_spec"]
+COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_compiled", "floor", "gptfast", "eager_spec",
+           "fast_spec", "fast_spec_compiled"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
@@ -233,6 +237,13 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     measure(r, "eager_spec", lambda: specdec_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
     measure(r, "fast_spec", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
                                                  TREE["depth"]), **kw)
+    if args.compile:
+        cap = compiled_capture(capture_graph if device == "cuda" else
+                               (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
+        measure(r, "fast_plain_compiled", lambda: specdec_step(StaticAdapter(model, capacity=capacity, capture=cap),
+                                                               ids), **kw)
+        measure(r, "fast_spec_compiled", lambda: specdec_step(
+            StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, drafter, TREE["depth"]), **kw)
     return r
 
 
@@ -243,6 +254,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/) to time gpt-fast too")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the fast path with torch.compile before capture (minutes of compiling)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
     parser.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = parser.parse_args(argv)

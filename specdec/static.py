@@ -37,6 +37,10 @@ the logic. A forward larger than the largest bucket runs eagerly at its own size
 valid; then ``Lc += A`` and ``valid`` is updated in place. No host sync happens inside ``forward``/``commit``
 beyond ModelAdapter's (``commit`` takes ``prefix`` from the caller, as :func:`specdec.step.step` passes it).
 
+**Compilation** is the caller's: ``capture=compiled_capture()`` compiles each bucket's forward with
+``torch.compile`` before capturing it (off by default: the graphs remove the launch cost, compiling adds fusion at
+the price of minutes of compile time per shape on a 7B model).
+
 **Capacity.** ``Lmax`` is fixed at construction (:func:`capacity_for`); a forward that would pass it raises
 :class:`CapacityError` (never wraps around).
 
@@ -63,7 +67,7 @@ from .graphs import CapturedStep, capture_graph, capture_graph_ref
 from .kernels import compact_kv, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
-           "bucket_for", "capacity_for", "static_support", "target_adapter", "fast_drafter"]
+           "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -189,6 +193,28 @@ def slot_cache(shapes: Sequence[tuple[tuple[int, ...], torch.dtype]], device: to
         A ``transformers.Cache`` instance (class ``SlotCache``).
     """
     return _slot_cache_type()(shapes, device)
+
+
+def compiled_capture(capture: Callable[..., CapturedStep] = capture_graph, **compile_kwargs
+                     ) -> Callable[..., CapturedStep]:
+    """A capture function for :class:`StaticAdapter` that applies ``torch.compile`` to each bucket's forward first.
+
+    Compilation is the caller's choice (as in gpt-fast): ``StaticAdapter(model, capacity=..., capture=
+    compiled_capture())`` compiles the forward (``dynamic=False``: one compiled graph per bucket and batch size,
+    so mind dynamo's recompile limit) and captures the compiled kernels as a CUDA graph; the warm-up runs of
+    :func:`~specdec.graphs.capture_graph` do the compiling, outside the capture.
+
+    Args:
+        capture: the capture to apply after compiling (:func:`~specdec.graphs.capture_graph`, or
+            :func:`~specdec.graphs.capture_graph_ref` to run the compiled function without graphs).
+        **compile_kwargs: passed to ``torch.compile`` (e.g. ``backend=``, ``mode=``).
+
+    Returns:
+        ``capture_fn(fn, inputs) -> CapturedStep``.
+    """
+    def capture_compiled(fn, inputs):
+        return capture(torch.compile(fn, dynamic=False, **compile_kwargs), inputs)
+    return capture_compiled
 
 
 class StaticCacheState(NamedTuple):

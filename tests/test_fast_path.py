@@ -27,6 +27,7 @@ from specdec.static import (
     StaticAdapter,
     bucket_for,
     capacity_for,
+    compiled_capture,
     static_support,
     target_adapter,
 )
@@ -125,6 +126,23 @@ def test_padding_nodes_and_buckets():
     out_f, _ = fast.forward(st_f, tokens, parents, positions, present)
     _assert_same(out_e, out_f)
     assert fast.captured_buckets == []
+
+
+def test_a_compiled_capture_gives_the_same_steps():
+    """torch.compile applied by the caller (dynamo with its eager backend here: the tracing, not the codegen)."""
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    runs = []
+    for capture in (None, compiled_capture(lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0),
+                                           backend="eager")):
+        adapter = StaticAdapter(model, capacity=64, capture=capture)
+        out, state = adapter.prefill(ids, mask)
+        roots = out.logits[:, -1].argmax(-1)
+        for _ in range(3):
+            out, state = adapter.decode(state, roots)
+            roots = out.logits[:, -1].argmax(-1)
+        runs.append(out.logits)
+    torch.testing.assert_close(runs[0], runs[1])
 
 
 def test_capacity_is_checked_never_wrapped():
