@@ -257,6 +257,21 @@ class _Buffers(NamedTuple):
     valid: torch.Tensor    # [B, Lmax] bool
     runners: dict          # bucket -> CapturedStep
     high_water: dict       # bucket -> first mask column never written as visible since the last reset
+    arange: torch.Tensor   # [largest bucket] int64, for the write slots
+
+
+class _Store:
+    """Where an adapter keeps its buffers; shared between adapters of one model (see :func:`target_adapter`).
+
+    It references no model, so keeping it per model (weakly keyed) never keeps the model alive: a CUDA graph
+    replay references its memory, not the Python objects it was captured from.
+    """
+
+    __slots__ = ("buffers", "live")
+
+    def __init__(self) -> None:
+        self.buffers: _Buffers | None = None
+        self.live: _Ticket | None = None  # the ticket of the newest state on these buffers: a prefill spends it
 
 
 def static_support(model: nn.Module) -> str | None:
@@ -322,9 +337,7 @@ class StaticAdapter:
         self.capacity = capacity
         self.buckets = tuple(sorted(set(buckets)))
         self._capture = capture
-        self._buffers: _Buffers | None = None
-        self._arange: torch.Tensor | None = None
-        self._live: _Ticket | None = None  # the ticket of the newest state: a new prefill spends it
+        self._store = _Store()
 
     # ------------------------------------------------------------------ ModelAdapter's read-only surface
     @property
@@ -345,7 +358,7 @@ class StaticAdapter:
     @property
     def captured_buckets(self) -> list[int]:
         """The buckets whose forward has been captured for the current batch size."""
-        return sorted(self._buffers.runners) if self._buffers is not None else []
+        return sorted(self._store.buffers.runners) if self._store.buffers is not None else []
 
     def check_positions(self, max_position: int) -> None:
         """Raise a clear error if ``max_position`` is past what the model supports."""
@@ -362,21 +375,21 @@ class StaticAdapter:
                     f"{type(self.model).__name__}: a cache layer is not a full-attention key/value layer, so the "
                     f"static path cannot hold it; call generate(..., fast=False) for this model")
             shapes.append(((batch, keys.shape[1], self.capacity, keys.shape[3]), keys.dtype))
-        buf = self._buffers
+        buf = self._store.buffers
         if buf is not None:
             same = [(tuple(la.keys.shape), la.keys.dtype) for la in buf.cache.layers] == shapes
             if same and buf.valid.device == device:
                 return buf
         cache = slot_cache(shapes, device)
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
-        self._buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={})
-        self._arange = torch.arange(max(self.buckets[-1], 1), device=device)
-        return self._buffers
+        self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
+                                       arange=torch.arange(self.buckets[-1], device=device))
+        return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
         if self._capture is not None:
             return self._capture
-        device = self._buffers.valid.device
+        device = self._store.buffers.valid.device
         if device.type == "cuda":
             return capture_graph
         return lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0)
@@ -410,8 +423,9 @@ class StaticAdapter:
         if T + 1 > self.capacity:
             raise CapacityError(f"the prompt ({T} tokens) does not fit in the static cache of {self.capacity} slots "
                                 f"per row: build the adapter with a larger capacity (capacity_for(T, ...)).")
-        if self._live is not None and self._live.spent_by is None:
-            self._live.spent_by = "prefill"  # the buffers are about to be overwritten
+        live = self._store.live
+        if live is not None and live.spent_by is None:
+            live.spent_by = "prefill"  # the buffers are about to be overwritten
         out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
         buf = self._ensure_buffers(dyn.cache, B, input_ids.device)
         for static, layer in zip(buf.cache.layers, dyn.cache.layers):
@@ -423,11 +437,11 @@ class StaticAdapter:
                                      pending_present=empty.bool(), ticket=self._issue())
 
     def _issue(self) -> _Ticket:
-        self._live = _Ticket()
-        return self._live
+        self._store.live = _Ticket()
+        return self._store.live
 
     def _check_state(self, state: StaticCacheState) -> _Buffers:
-        buf = self._buffers
+        buf = self._store.buffers
         if buf is None or state.valid is not buf.valid:
             raise ValueError("this state belongs to other buffers (another adapter, or an earlier batch size): "
                              "continue from the state this adapter's prefill() returned")
@@ -468,8 +482,8 @@ class StaticAdapter:
         high = buf.high_water.get(size, 0) if runner is not None else 0
         if high > end:
             mask_s[:, :, :, end:high].fill_(torch.finfo(self.model.dtype).min)
-        if size <= self._arange.shape[0]:
-            torch.add(self._arange[:size], start, out=slot_s)
+        if size <= buf.arange.shape[0]:
+            torch.add(buf.arange[:size], start, out=slot_s)
         else:
             slot_s.copy_(torch.arange(start, end, device=slot_s.device))
         inputs = (tok_s, pos_s, mask_s, slot_s)
@@ -573,7 +587,7 @@ class StaticAdapter:
 
 # ---------------------------------------------------------------------- choosing the adapter in generate()
 
-_ADAPTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: bool, prompt_len: int,
@@ -581,9 +595,9 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
     """The target adapter ``generate()`` uses: :class:`StaticAdapter` when ``fast`` and the model supports it.
 
     With ``fast=True`` and a model :func:`static_support` refuses, warns once (naming why) and returns the eager
-    :class:`~specdec.adapter.ModelAdapter`: never a wrong result. On CUDA the static adapter (its buffers and
-    captured graphs) is kept per model and feature layers and reused by later calls whose prompt fits its
-    capacity; elsewhere a new one is built.
+    :class:`~specdec.adapter.ModelAdapter`: never a wrong result. On CUDA the static buffers and the graphs
+    captured on them are kept per model (weakly: they do not keep the model alive) and feature layers, and reused
+    by later calls with the same batch size whose sequences fit their capacity; elsewhere nothing is kept.
 
     Args:
         model: the target, an HF causal LM.
@@ -604,14 +618,13 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
                       stacklevel=3)
         return ModelAdapter(model, feature_layers)
     capacity = capacity_for(prompt_len, max_new_tokens, max(buckets))
-    on_cuda = next(model.parameters()).is_cuda
-    key = (tuple(feature_layers), tuple(sorted(set(buckets))))
-    held = _ADAPTERS.get(model, {}).get(key) if on_cuda else None
-    if held is not None and held.capacity >= capacity:
-        return held
+    if not next(model.parameters()).is_cuda:
+        return StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
+    store = _STORES.setdefault(model, {}).setdefault((tuple(feature_layers), tuple(sorted(set(buckets)))), _Store())
+    if store.buffers is not None:  # keep the held buffers (and graphs) when the run fits in them
+        capacity = max(capacity, store.buffers.valid.shape[1])
     adapter = StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
-    if on_cuda:
-        _ADAPTERS.setdefault(model, {})[key] = adapter
+    adapter._store = store
     return adapter
 
 

@@ -317,3 +317,21 @@ def test_sampled_law_through_the_captured_fast_path_equals_the_enumerated_target
         counts[row] = counts.get(row, 0) + 1
     fit = chi_square_test(counts, law_test._exact_law(law_test.TARGET, params))
     assert fit.p_value > law_test.ALPHA, f"{drafter_name} through the fast path: {fit}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
+    import gc
+    import weakref
+
+    model = tiny_model("llama").cuda()
+    ids, mask = _prompts(2, "cuda")
+    first = target_adapter(model, (), fast=True, prompt_len=ids.shape[1], max_new_tokens=8)
+    generate(model, ids, attention_mask=mask, max_new_tokens=8, fast=True)
+    second = target_adapter(model, (), fast=True, prompt_len=ids.shape[1], max_new_tokens=8)
+    assert first is not second and first._store is second._store and second.captured_buckets == [1]
+    alive = weakref.ref(model)
+    del model, first, second
+    gc.collect()
+    assert alive() is None
