@@ -11,7 +11,8 @@ figure is the step's wall time):
 - ``floor``: the bandwidth floor of one vanilla step: (weight bytes + KV bytes of the context) / the copy bandwidth
   measured here (a large device-to-device copy);
 - ``gptfast`` (with ``--gptfast PATH``, the anchors folder holding ``gptfast/``): gpt-fast's compiled decode step
-  (``torch.compile(mode="reduce-overhead")``, static cache) on the same shape, in the same process;
+  (``torch.compile(mode="reduce-overhead")``, static cache) on the same shape, in the same process (about two
+  minutes of compiling per batch size on the H200; gpt-fast's module sets inductor options at import);
 - ``fast_plain_compiled`` / ``fast_spec_compiled`` (with ``--compile``): the same with ``torch.compile`` applied
   before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape);
 - ``eager_spec`` / ``fast_spec``: one speculative step, EAGLE-2 (a random :class:`~specdec.heads.Eagle1Head`,

@@ -278,7 +278,8 @@ def static_support(model: nn.Module) -> str | None:
     """Why ``model`` cannot run on the static path, or ``None`` when it can.
 
     The static path needs full attention in every layer through HF's ``Cache.update`` (no sliding window, no
-    linear-attention / hybrid layers) and a model that declares static shapes (``_can_compile_fullgraph``).
+    linear-attention / hybrid layers), a model that declares static shapes (``_can_compile_fullgraph``), and a
+    forward without host syncs (no ``dynamic`` / ``longrope`` RoPE, which reads ``max(position_ids)``).
 
     Args:
         model: an HF causal LM.
@@ -298,6 +299,11 @@ def static_support(model: nn.Module) -> str | None:
         return f"it uses a sliding window ({window})"
     if getattr(config, "is_encoder_decoder", False):
         return "it is an encoder-decoder model"
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, name, None)
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        if kind in ("dynamic", "longrope"):  # their frequencies follow max(position_ids): a host sync per forward
+            return f"its {kind} RoPE reads the longest position on the host at every forward"
     return None
 
 

@@ -250,6 +250,9 @@ def test_unsupported_model_falls_back_with_one_warning_and_the_same_result():
     model.config.sliding_window = 256
     assert "sliding window" in static_support(model)
     assert static_support(tiny_model("llama")) is None
+    dynamic_rope = tiny_model("llama")
+    dynamic_rope.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert "dynamic RoPE" in static_support(dynamic_rope)
     ids, mask = _prompts(2)
     eager = generate(model, ids, attention_mask=mask, max_new_tokens=8)
     with warnings.catch_warnings(record=True) as caught:
