@@ -28,6 +28,7 @@ from . import (
                rows,
                sampling,
                schedule,
+               static,
                stats,
                step,
                testing,
@@ -78,5 +79,5 @@ __all__ = [
     # submodules
     "adapter", "bench", "drafters", "formats", "gating", "graphs", "heads", "inputs", "kernels", "masks", "nn",
     "recipes", "rows",
-    "sampling", "schedule", "stats", "step", "testing", "training", "trees", "verify",
+    "sampling", "schedule", "static", "stats", "step", "testing", "training", "trees", "verify",
 ]
