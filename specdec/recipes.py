@@ -332,3 +332,73 @@ def peagle(head, tree=None, *, num_drafts: int | None = None) -> ParallelDrafter
                              f"train or load a head with more levels")
         return ParallelDrafter(head, LevelTree.chain(depth))
     return ParallelDrafter(head, medusa_tree(tree, head.num_levels))
+
+
+# --------------------------------------------------------------------------------------------------------
+# DFlash / DSpark (block drafters: one forward drafts a whole block; level-wise trees as Medusa)
+# --------------------------------------------------------------------------------------------------------
+
+__all__ += ["dflash", "dspark"]
+
+
+def _block_tree(head, tree) -> LevelTree:
+    return LevelTree.chain(head.num_levels) if tree is None else medusa_tree(tree, head.num_levels)
+
+
+def dflash(head, tree=None) -> ParallelDrafter:
+    """DFlash: a block drafter (mask slots after the anchor, target features as context) drafting every level in
+    one forward; a chain of the levels' top-1s by default, or a level-wise tree from per-level top-k (as Medusa).
+
+    Lossless: the drafts are a deterministic function of the head's outputs, so ``generate()`` verifies them with
+    the target-only tree verifier (exact at any temperature; greedy output equals plain greedy decoding).
+
+    Args:
+        head: a :class:`~specdec.heads.DFlashHead` (``specdec.formats.load_dflash_head`` or
+            ``specdec.training.train_dflash``).
+        tree: ``None`` (the chain of ``head.num_levels`` top-1s, as z-lab and vLLM draft), ``"chain"``, a preset
+            name, tree choices or a :class:`~specdec.trees.LevelTree` (node ``(r_1..r_d)`` = rank ``r_d`` of level
+            ``d``).
+
+    Returns:
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+
+    Example:
+        >>> drafter = dflash(load_dflash_head("z-lab/Qwen3-8B-DFlash-b16", target))   # doctest: +SKIP
+
+    References:
+        DFlash arXiv 2602.06036.
+    """
+    return ParallelDrafter(head, _block_tree(head, tree))
+
+
+def dspark(head, tree=None, *, gate="confidence") -> ParallelDrafter:
+    """DSpark: DFlash plus a Markov head (each node's logits biased by its parent's token) and a confidence head
+    that cuts each row's verified depth (confidence-gated verification).
+
+    Lossless: a gate only removes drafts (each row keeps a prefix of its draft), and the drafts stay a
+    deterministic function of the head's outputs, so the target-only tree verifier stays exact at any
+    temperature; greedy output equals plain greedy decoding.
+
+    Args:
+        head: a :class:`~specdec.heads.DSparkHead`.
+        tree: as :func:`dflash` (default: the chain, sequential argmax under the Markov bias).
+        gate: ``"confidence"`` (default: :class:`specdec.gating.ConfidenceGate` ``(threshold=0.5)`` when the head
+            has a confidence head, none otherwise), ``None`` (verify every level), or a callable
+            ``confidence [B, D] -> lengths [B]`` (e.g. ``ConfidenceGate(0.3)``).
+
+    Returns:
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+
+    References:
+        DSpark arXiv 2607.05147 (Markov head; confidence head; adaptive verification).
+    """
+    if isinstance(gate, str):
+        if gate != "confidence":
+            raise ValueError(f"gate must be 'confidence', None or a callable confidence -> lengths, got {gate!r}")
+        gate = None
+        if getattr(head, "confidence_head", None) is not None:
+            from .gating import ConfidenceGate
+
+            gate = ConfidenceGate(threshold=0.5)
+    policy = _block_tree(head, tree)
+    return ParallelDrafter(head, policy) if gate is None else ParallelDrafter(head, policy, gate=gate)

@@ -3,6 +3,15 @@
 References:
     EAGLE arXiv 2401.15077; EAGLE-3 arXiv 2503.01840.
 """
+from .dflash import (
+    BlockLoss,
+    DFlashTrainRecord,
+    block_accuracy,
+    dflash_loss,
+    sample_anchors,
+    train_dflash,
+    train_dspark,
+)
 from .eagle import (
     TrainRecord,
     TrainResult,
@@ -47,3 +56,5 @@ __all__ += [
 ]
 __all__ += ["PEagleBlock", "PEagleEval", "cod_counts", "evaluate_peagle", "peagle_block", "peagle_loss",
             "train_peagle"]
+__all__ += ["BlockLoss", "DFlashTrainRecord", "block_accuracy", "dflash_loss", "sample_anchors", "train_dflash",
+            "train_dspark"]
