@@ -9,6 +9,7 @@ bytes an ideal implementation must move (listed per op below) over its median ti
 Bytes counted (reads + writes of the data the op needs, at the dtypes used here):
 
 - ``tree_mask``: the mask (``B * M * Lc_aligned`` bf16) + committed_valid + parents.
+- ``head_tree_mask``: the bool mask ``B * F * C`` + visible ``B * F * S`` + lengths.
 - ``verify_greedy``: the logits ``B * (N + 1) * V`` (bf16).
 - ``verify_chain_noise``: per row the target and draft rows at the first rejection (fp32) and the exponentials
   (fp64): ``B * V * 16`` (+ the per-node gathers).
@@ -111,6 +112,17 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
                         lambda v=valid, p=parents_d, pr=present, le=lengths: K.tree_mask(v, p, pr, torch.bfloat16,
                                                                                       lengths=le),
                         mask_bytes, f"Lc={shapes.prefix}, M={n + 1}, bf16"))
+        # head_tree_mask: an EAGLE-2 expansion level (top_k 10 frontier nodes, 5 levels of scratch) over the head's
+        # fixed-capacity cache, bool (what EagleDrafter passes to its head)
+        frontier, scratch = 10, 50
+        capacity = -(-(shapes.prefix + scratch + 1) // 64) * 64
+        visible = (torch.rand(batch, frontier, scratch, generator=g) < 0.2).to(device)
+        head_lengths = torch.randint(1, shapes.prefix + 1, (batch,), generator=g).to(device)
+        out.append(Case("head_tree_mask", batch, None,
+                        lambda le=head_lengths, vi=visible, c=capacity: K.head_tree_mask(le, vi, shapes.prefix, c,
+                                                                                      torch.bool),
+                        batch * frontier * (capacity + scratch) + batch * 8,
+                        f"S0={shapes.prefix}, F={frontier}, S={scratch}, C={capacity}, bool"))
         for vocab in shapes.vocabs:
             tree = Draft(torch.zeros(batch, n, dtype=torch.long), parents, depths, None, DraftScheme.DETERMINISTIC)
             logits = torch.randn(batch, n + 1, vocab, generator=gd, device=device)

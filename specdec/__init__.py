@@ -17,6 +17,7 @@ from . import (
                bench,
                drafters,
                formats,
+               gating,
                graphs,
                heads,
                inputs,
@@ -27,6 +28,7 @@ from . import (
                rows,
                sampling,
                schedule,
+               static,
                stats,
                step,
                testing,
@@ -75,6 +77,7 @@ __all__ = [
     # drafters and schedules
     "DraftModelDrafter", "PromptLookupDrafter", "ParallelDrafter", "Schedule", "make_schedule",
     # submodules
-    "adapter", "bench", "drafters", "formats", "graphs", "heads", "inputs", "kernels", "masks", "nn", "recipes", "rows",
-    "sampling", "schedule", "stats", "step", "testing", "training", "trees", "verify",
+    "adapter", "bench", "drafters", "formats", "gating", "graphs", "heads", "inputs", "kernels", "masks", "nn",
+    "recipes", "rows",
+    "sampling", "schedule", "static", "stats", "step", "testing", "training", "trees", "verify",
 ]

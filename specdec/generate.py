@@ -13,12 +13,12 @@ from typing import NamedTuple
 
 import torch
 
-from .adapter import ModelAdapter
 from .drafters.base import Drafter
 from .inputs import check_vocabularies, prepare_prompts, resolve_pad_token_id
 from .rows import Rows
 from .sampling import RandomSource, as_source
 from .schedule import Schedule, make_schedule
+from .static import fast_drafter, target_adapter
 from .stats import GenerationStats, StatsRecorder
 from .step import prefill, step
 from .types import SamplingParams
@@ -65,6 +65,7 @@ def generate(
     streamer=None,
     verifier: Verifier | None = None,
     profile: bool = False,
+    fast: bool = False,
 ) -> GenerateOutput:
     """Decode with speculative decoding (or plainly, with ``drafter=None``) around an HF causal LM.
 
@@ -99,6 +100,10 @@ def generate(
             the draft's scheme, or greedy); steps without drafts take the argmax or sample, as HF does.
         profile: synchronise the device between phases and report their times in ``stats.phase_times``
             (adds syncs; for measurement only).
+        fast: the fast path (:mod:`specdec.static`): a preallocated KV cache, the target's forward captured as a
+            CUDA graph per padded size, a graphable drafter wrapped by :func:`specdec.graphs.cuda_graphed`. Same
+            results as the eager path. On CPU the same static code runs without graphs; a model without
+            static-cache support falls back to the eager path with one warning.
 
     Returns:
         :class:`GenerateOutput`.
@@ -118,7 +123,9 @@ def generate(
     stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or ())
     if stops and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer to decode the output: pass tokenizer=...")
-    adapter = ModelAdapter(target, drafter.feature_layers if drafter is not None else ())
+    adapter = target_adapter(target, drafter.feature_layers if drafter is not None else (), fast=fast,
+                             prompt_len=prompts.input_ids.shape[1], max_new_tokens=max_new_tokens)
+    drafter = fast_drafter(drafter) if fast else drafter
     check_vocabularies(adapter.vocab_size, drafter, tokenizer)
     adapter.check_positions(prompts.input_ids.shape[1] - 1 + max_new_tokens)
     params = SamplingParams(temperature, top_k, top_p)

@@ -302,6 +302,38 @@ def medusa_typical(head, tree="mc_sim_7b_63", *, posterior_threshold: float = 0.
     return LossyRecipe(medusa(head, tree), typical_acceptance(posterior_threshold, posterior_alpha))
 
 
+def peagle(head, tree=None, *, num_drafts: int | None = None) -> ParallelDrafter:
+    """P-EAGLE: a :class:`~specdec.heads.PEagleHead` drafting all levels in one forward (chain or level-wise tree).
+
+    Lossless: the drafts are a deterministic function of the committed tokens and the target's features, so
+    ``generate()`` verifies them with the target-only tree verifier (exact at any temperature; greedy output equals
+    plain greedy decoding).
+
+    Args:
+        head: a :class:`~specdec.heads.PEagleHead` (e.g. from :func:`specdec.formats.load_peagle_head`).
+        tree: ``None`` / ``"chain"`` (every level's top-1), or a level-wise tree as :func:`medusa_tree` takes
+            (preset name, tree choices, a compiled tree, a :class:`~specdec.trees.LevelTree`): node
+            ``(r_1, ..., r_d)`` holds rank ``r_d`` of level ``d``'s logits.
+        num_drafts: chain length ``K`` (default: the head's ``max_drafts``); ignored with a tree.
+
+    Returns:
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+
+    Example:
+        >>> drafter = peagle(load_peagle_head("out/peagle/final", target), num_drafts=6)  # doctest: +SKIP
+
+    References:
+        P-EAGLE arXiv 2602.01469; Medusa arXiv 2401.10774 (level-wise trees from per-level top-k).
+    """
+    if tree is None or tree == "chain":
+        depth = head.num_levels if num_drafts is None else int(num_drafts)
+        if not 1 <= depth <= head.num_levels:
+            raise ValueError(f"num_drafts must lie in [1, {head.num_levels}] (the head's max_drafts), got {depth}: "
+                             f"train or load a head with more levels")
+        return ParallelDrafter(head, LevelTree.chain(depth))
+    return ParallelDrafter(head, medusa_tree(tree, head.num_levels))
+
+
 # --------------------------------------------------------------------------------------------------------
 # DFlash / DSpark (block drafters: one forward drafts a whole block; level-wise trees as Medusa)
 # --------------------------------------------------------------------------------------------------------

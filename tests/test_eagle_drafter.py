@@ -298,6 +298,63 @@ def test_sampled_tree_draws_distinct_children_with_their_distribution(target):
     assert greedy.scheme is DraftScheme.DETERMINISTIC
 
 
+class _RecordingHead:
+    """Forwards to an EAGLE head and records the attention mask of every call."""
+
+    def __init__(self, head):
+        self.head, self.masks = head, []
+
+    def __getattr__(self, name):
+        return getattr(self.head, name)
+
+    def __call__(self, tokens, hidden, positions, mask, cache, slots):
+        self.masks.append(mask.clone())
+        return self.head(tokens, hidden, positions, mask, cache, slots)
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "static"])
+def test_drafters_tree_masks_equal_the_former_construction(target, policy):
+    """The drafting mask now comes from specdec.kernels.head_tree_mask; it equals, bit for bit, what the drafter
+    built before (cat of the committed prefix, the policy's ancestor sets, zeros), and with the Triton kernel forced
+    (interpreted on CPU) the drafts are identical."""
+    from specdec.kernels import interpreter_enabled, kernel_mode, triton_available
+
+    head = _heads(target)["eagle1"]
+    tree = DynamicTree(total_tokens=16, depth=4, top_k=3) if policy == "dynamic" else StaticTree(EAGLE_MC_SIM_7B_63)
+    drafter = EagleDrafter(head, tree)
+    rows, roots = [[3, 4, 5, 6, 7], [7, 8], [1, 2, 3]], [9, 10, 11]
+    state = drafter.start(_start_feedback(target, rows, roots, drafter.feature_layers))
+    recorder = drafter.head = _RecordingHead(head)
+    visibles = []
+
+    class RecordingPolicy:  # forwards to the policy and records the ancestor sets it hands to expand
+        def __getattr__(self, name):
+            return getattr(tree, name)
+
+        def grow(self, root_logits, root_hidden, expand, **kwargs):
+            def expand_and_record(tokens, parent_hidden, visible, level):
+                visibles.append(visible.clone())
+                return expand(tokens, parent_hidden, visible, level)
+            return tree.grow(root_logits, root_hidden, expand_and_record, **kwargs)
+
+    drafter.policy = RecordingPolicy()
+    draft, _ = drafter.propose(state, _request(state.lengths, roots, 4))
+    assert len(recorder.masks) == len(visibles) == 3  # one mask per expanded level
+    C = state.cache.capacity
+    S0 = drafter._scratch_start(state.cache)
+    committed = torch.arange(S0) < state.lengths[:, None]
+    for mask, visible in zip(recorder.masks, visibles):
+        B, F, S = visible.shape
+        before = torch.cat([committed[:, None].expand(B, F, S0), visible, visible.new_zeros(B, F, C - S0 - S)],
+                           dim=-1)[:, None]
+        assert mask.dtype == torch.bool and torch.equal(mask, before)
+    if triton_available() and interpreter_enabled():
+        with kernel_mode("triton"):
+            again, _ = drafter.propose(state, _request(state.lengths, roots, 4))
+        for a, b in zip(draft[:3], again[:3]):
+            assert torch.equal(a, b)
+
+
 def test_drafter_refuses_a_non_eagle_head():
     with pytest.raises(TypeError, match="load_eagle_head"):
         EagleDrafter(torch.nn.Linear(2, 2))

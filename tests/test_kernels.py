@@ -26,6 +26,8 @@ from specdec.kernels import (
     _dispatch,
     compact_kv,
     compact_kv_ref,
+    head_tree_mask,
+    head_tree_mask_ref,
     interpreter_enabled,
     kernel_mode,
     parallel_draft_inputs,
@@ -188,6 +190,86 @@ def test_tree_mask_rejects_bad_input_with_a_fix():
         tree_mask(valid, parents, torch.ones(2, 5).bool(), torch.float32)
     with pytest.raises(ValueError, match="preallocated buffer"):
         tree_mask(valid, parents, present, torch.float32, out=torch.empty(2, 1, 4, 6))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The draft head's cache mask (same family): committed slots by length, frontier visibility over scratch slots
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def frontier_visibility(seed: int, batch: int, nodes: int, scratch: int, broadcast: bool = False) -> torch.Tensor:
+    """``visible [B, F, S]``: each frontier node sees itself (its own slot, among the last F) and random earlier
+    slots; with ``broadcast``, one pattern expanded over the batch (stride 0, as StaticTree passes it)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = 1 if broadcast else batch
+    visible = torch.rand(rows, nodes, scratch, generator=g) < 0.3
+    if nodes:
+        own = torch.arange(scratch - nodes, scratch)
+        visible[:, torch.arange(nodes), own] = True
+        visible[:, :, scratch - nodes:] &= torch.eye(nodes, dtype=torch.bool)
+    return visible.expand(batch, -1, -1) if broadcast else visible
+
+
+# (batch, frontier F, scratch S, scratch start, capacity, dtype, broadcast visible)
+HEAD_MASK_CASES = [
+    (1, 1, 1, 0, 3, torch.bool, False),
+    (1, 10, 10, 64, 128, torch.bool, True),
+    (3, 4, 12, 37, 60, torch.float32, False),
+    (2, 7, 21, 700, 1029, torch.bfloat16, False),
+    (5, 3, 3, 5, 9, torch.float16, True),
+    (2, 0, 0, 6, 11, torch.bool, False),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch,nodes,scratch,start,capacity,dtype,broadcast", HEAD_MASK_CASES,
+                         ids=[f"B{b}-F{f}-S{s}-S0{s0}-C{c}-{str(d)[6:]}{'-bcast' if x else ''}"
+                              for b, f, s, s0, c, d, x in HEAD_MASK_CASES])
+def test_head_tree_mask_kernel_equals_reference(batch, nodes, scratch, start, capacity, dtype, broadcast):
+    g = torch.Generator().manual_seed(capacity)
+    lengths = torch.randint(0, start + 3, (batch,), generator=g).to(DEVICE)  # some past scratch_start: clipped
+    visible = frontier_visibility(nodes + scratch, batch, nodes, scratch, broadcast).to(DEVICE)
+    want = head_tree_mask_ref(lengths, visible, start, capacity, dtype)
+    got = kernel(head_tree_mask, lengths, visible, start, capacity, dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape == (batch, 1, nodes, capacity)
+    assert got.stride() == want.stride() and got.stride(-2) % 8 == 0
+    full = lambda m: torch.as_strided(m, (*m.shape[:-1], m.stride(-2)), m.stride())  # noqa: E731
+    assert torch.equal(full(got), full(want))  # the alignment padding too
+    buffer = torch.ones(batch + 1, 1, nodes + 2, capacity + 5, dtype=dtype, device=DEVICE)
+    out = buffer[:batch, :, :nodes, :capacity]
+    written = kernel(head_tree_mask, lengths, visible, start, capacity, dtype, out=out)
+    assert torch.equal(written, want) and (nodes == 0 or written.data_ptr() == buffer.data_ptr())
+    untouched = torch.ones(buffer.shape, dtype=torch.bool, device=DEVICE)
+    untouched[:batch, :, :nodes, :capacity] = False
+    assert bool((buffer[untouched] == 1).all())
+
+
+def test_head_tree_mask_reference_is_the_eagle_drafters_former_construction():
+    batch, nodes, scratch, start, capacity = 3, 4, 12, 20, 40
+    lengths = torch.tensor([0, 7, 25])
+    visible = frontier_visibility(1, batch, nodes, scratch)
+    committed = torch.arange(start) < lengths[:, None]
+    before = torch.cat([committed[:, None].expand(batch, nodes, start), visible,
+                        visible.new_zeros(batch, nodes, capacity - start - scratch)], dim=-1)[:, None]
+    assert torch.equal(head_tree_mask_ref(lengths, visible, start, capacity, torch.bool), before)
+    assert torch.equal(head_tree_mask(lengths, visible, start, capacity, torch.bool), before)
+    additive = head_tree_mask_ref(lengths, visible, start, capacity, torch.bfloat16)
+    assert torch.equal(additive, to_aligned_additive_mask(before, torch.bfloat16))
+    assert additive.stride() == to_aligned_additive_mask(before, torch.bfloat16).stride()
+
+
+def test_head_tree_mask_rejects_bad_input_with_a_fix():
+    lengths, visible = torch.tensor([3, 4]), torch.ones(2, 2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"bool tensor of shape \[B, F, S\]"):
+        head_tree_mask(lengths, visible.long(), 5, 10, torch.bool)
+    with pytest.raises(ValueError, match="inside the cache"):
+        head_tree_mask(lengths, visible, 8, 10, torch.bool)
+    with pytest.raises(ValueError, match="torch.bool"):
+        head_tree_mask(lengths, visible, 5, 10, torch.int8)
+    with pytest.raises(ValueError, match="preallocated buffer"):
+        head_tree_mask(lengths, visible, 5, 10, torch.bool, out=torch.zeros(2, 1, 2, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"shape \[B\]"):
+        head_tree_mask(lengths.float(), visible, 5, 10, torch.bool)
 
 
 # ----------------------------------------------------------------------------------------------------------------

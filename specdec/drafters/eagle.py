@@ -33,6 +33,7 @@ import torch
 
 from ..graphs import Step, run_step
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
+from ..kernels import head_tree_mask
 from ..trees.static import as_policy
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
@@ -264,13 +265,13 @@ class EagleDrafter:
         B = lengths.shape[0]
         device = lengths.device
         C, S0 = cache.capacity, self._scratch_start(cache)
-        committed = torch.arange(S0, device=device) < lengths[:, None]  # [B, S0]
 
         def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
             F, S = tokens.shape[1], visible.shape[-1]
             slots = (S0 + S - F + torch.arange(F, device=device))[None].expand(B, F)
-            mask = torch.cat([committed[:, None].expand(B, F, S0), visible,
-                              visible.new_zeros(B, F, C - S0 - S)], dim=-1)[:, None]
+            # committed slots below each row's length, the policy's ancestor sets over the scratch slots, nothing
+            # else: one launch of the tree-mask family (bool, as before; masked_attention converts it on CUDA)
+            mask = head_tree_mask(lengths, visible, S0, C, torch.bool)
             positions = (root_positions + (level - 1))[:, None].expand(B, F)
             out = head(tokens, parent_hidden, positions, mask, cache, slots)
             return head.logits(out), out

@@ -62,6 +62,9 @@ class LevelOutput(NamedTuple):
             token ``x`` has logits ``logits[:, d - 1] + transition(x, d)`` (DSpark's low-rank Markov head). The
             parent of level 1 is the root (``request.roots``). Shape: ``prev_tokens [B, n]`` int64 ->
             ``[B, n, V]``.
+        state: the head's state after this call, for a head whose forward changes it (P-EAGLE's one forward
+            absorbs the committed entries as it drafts); ``None``: unchanged. Heads keep states immutable and
+            return the successor here instead of flipping flags inside the old one.
 
     References:
         DSpark arXiv 2607.05147 (Markov head, confidence head).
@@ -70,6 +73,7 @@ class LevelOutput(NamedTuple):
     logits: torch.Tensor
     confidence: torch.Tensor | None = None
     transition: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    state: Any = None
 
 
 @runtime_checkable
@@ -229,7 +233,8 @@ class ParallelDrafter:
             draft = self.policy.draft(out.logits, depth, transition=out.transition, roots=request.roots)
         if self.gate is not None:
             draft = self._gated(draft, out.confidence, depth)
-        return draft, state._replace(num_forwards=state.num_forwards + 1)
+        head_state = state.head_state if out.state is None else out.state
+        return draft, state._replace(head_state=head_state, num_forwards=state.num_forwards + 1)
 
     def _gated(self, draft: Draft, confidence: torch.Tensor | None, depth: int) -> Draft:
         if confidence is None:

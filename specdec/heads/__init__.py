@@ -8,12 +8,14 @@ in :mod:`specdec.formats`; training in :mod:`specdec.training`; the methods buil
 :mod:`specdec.recipes`.
 """
 from .common import target_dims, text_config
+from .dflash import DFlashConfig, DFlashHead, DFlashState, DSparkHead, default_dflash_layers
 from .eagle import Eagle1Head, Eagle3Head, EagleConfig, HeadCache, check_draft_vocab, default_feature_layers
 from .medusa import MedusaConfig, MedusaHead, medusa_target_dims
+from .peagle import PEagleConfig, PEagleHead, PEagleState, peagle_feature_layers
 
 __all__ = ["Eagle1Head", "Eagle3Head", "EagleConfig", "HeadCache", "check_draft_vocab", "default_feature_layers",
            "target_dims", "text_config"]
 __all__ += ['MedusaConfig', 'MedusaHead', 'medusa_target_dims']
-from .dflash import DFlashConfig, DFlashHead, DFlashState, DSparkHead, default_dflash_layers  # noqa: E402
+__all__ += ["PEagleConfig", "PEagleHead", "PEagleState", "peagle_feature_layers"]
 
 __all__ += ["DFlashConfig", "DFlashHead", "DFlashState", "DSparkHead", "default_dflash_layers"]

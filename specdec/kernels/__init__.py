@@ -9,6 +9,7 @@ triton: the references are used.
 op                                          replaces                                 launches
 =========================================== ======================================== ===================================
 :func:`tree_mask`                           ``ModelAdapter.forward``'s mask building  1
+:func:`head_tree_mask`                      the EAGLE drafter's head-cache mask       1
 :func:`verify_greedy`                       :func:`specdec.verify.verify_greedy`      2
 :func:`verify_chain_noise`                  chain rejection sampling under noise      2
 :func:`verify_tree_deterministic_noise`     target-only tree rejection under noise    2
@@ -29,7 +30,7 @@ from ._dispatch import (
 )
 from .kv_compact import compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
-from .tree_mask import TreeMask, tree_mask, tree_mask_ref
+from .tree_mask import TreeMask, head_tree_mask, head_tree_mask_ref, tree_mask, tree_mask_ref
 from .verify import (
                         VerifyNoise,
                         draw_verify_noise,
@@ -45,7 +46,7 @@ __all__ = [
     # dispatch
     "KERNEL_MODES", "kernel_mode", "set_kernel_mode", "get_kernel_mode", "triton_available", "interpreter_enabled",
     # ops and their references
-    "TreeMask", "tree_mask", "tree_mask_ref",
+    "TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref",
     "verify_greedy", "verify_greedy_ref",
     "VerifyNoise", "draw_verify_noise", "verify_chain_noise", "verify_chain_noise_ref",
     "verify_tree_deterministic_noise", "verify_tree_deterministic_noise_ref",

@@ -12,6 +12,10 @@ parents once and writes its mask row (committed prefix, pending forest, alignmen
 node's position ``lengths + depth``. Same storage layout (rows padded to ``alignment`` elements, a view of width
 ``Lc + P + M``), same values (``0`` visible, ``torch.finfo(dtype).min`` hidden), bit for bit.
 
+The same family serves the draft heads: :func:`head_tree_mask` writes the mask of one tree level over a head's
+fixed-capacity, slot-addressed cache (committed slots below each row's length, the tree policy's ancestor sets over
+the scratch slots, nothing else), which the EAGLE drafter builds inside CUDA graphs.
+
 References:
     - SpecInfer: Miao et al., arXiv 2305.09781 (topology-aware causal mask); EAGLE: Li et al., arXiv 2401.15077.
     - SGLang ``build_tree_kernel_efficient`` (FULL_MASK: prefix columns, then ancestors found by walking up).
@@ -27,7 +31,7 @@ from ..trees import ancestor_matrix
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, tl
 
-__all__ = ["TreeMask", "tree_mask", "tree_mask_ref"]
+__all__ = ["TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref"]
 
 
 class TreeMask(NamedTuple):
@@ -282,3 +286,194 @@ def tree_mask(
     if use_kernel("tree_mask", *tensors):
         return _tree_mask_triton(committed_valid, parents, present, dtype, lengths, out, alignment)
     return tree_mask_ref(committed_valid, parents, present, dtype, lengths=lengths, out=out, alignment=alignment)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The same family for a draft head's fixed-capacity cache: frontier visibility over slot ranges
+# --------------------------------------------------------------------------------------------------------
+
+
+def _check_head(lengths, visible, scratch_start, capacity, dtype, out, alignment) -> tuple[int, int, int]:
+    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.dtype.is_floating_point \
+            or lengths.dtype == torch.bool:
+        raise ValueError("head_tree_mask: lengths must be an int tensor of shape [B] (committed slots per row, "
+                         "e.g. EagleState.lengths)")
+    batch = lengths.shape[0]
+    if not isinstance(visible, torch.Tensor) or visible.dim() != 3 or visible.dtype != torch.bool \
+            or visible.shape[0] != batch:
+        raise ValueError(f"head_tree_mask: visible must be a bool tensor of shape [B, F, S] = [{batch}, ...] (which "
+                         f"scratch slots each frontier node sees: its ancestors and itself), got "
+                         f"{getattr(visible, 'dtype', None)} {tuple(getattr(visible, 'shape', ()))}")
+    nodes, scratch = visible.shape[1], visible.shape[2]
+    if not isinstance(scratch_start, int) or not isinstance(capacity, int) or scratch_start < 0 \
+            or scratch_start + scratch > capacity:
+        raise ValueError(f"head_tree_mask: the scratch slots [scratch_start, scratch_start + S) = [{scratch_start}, "
+                         f"{scratch_start} + {scratch}) must lie inside the cache's {capacity} slots; pass ints with "
+                         f"0 <= scratch_start <= capacity - S")
+    if not isinstance(dtype, torch.dtype) or not (dtype == torch.bool or dtype.is_floating_point):
+        raise ValueError(f"head_tree_mask: dtype must be torch.bool (True = attend) or a floating dtype (additive "
+                         f"0 / finfo.min), got {dtype!r}")
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"head_tree_mask: alignment must be an int >= 1 (8 suits SDPA), got {alignment!r}")
+    devices = {lengths.device, visible.device}
+    if out is not None:
+        shape = (batch, 1, nodes, capacity)
+        if tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
+            raise ValueError(f"head_tree_mask: out must be a {dtype} tensor of shape {shape} with unit last stride "
+                             f"(e.g. a view of a preallocated buffer), got {out.dtype} {tuple(out.shape)} strides "
+                             f"{out.stride()}")
+        devices.add(out.device)
+    if len(devices) > 1:
+        raise ValueError(f"head_tree_mask: all tensors must be on one device, got {sorted(map(str, devices))}")
+    return batch, nodes, scratch
+
+
+def _aligned_empty(batch: int, nodes: int, width: int, dtype, device, alignment: int) -> torch.Tensor:
+    padded = -(-width // alignment) * alignment
+    return torch.empty(batch, 1, nodes, padded, dtype=dtype, device=device)
+
+
+def head_tree_mask_ref(
+    lengths: torch.Tensor,
+    visible: torch.Tensor,
+    scratch_start: int,
+    capacity: int,
+    dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    alignment: int = 8,
+) -> torch.Tensor:
+    """Reference for :func:`head_tree_mask` (same signature and result): the EAGLE drafter's former torch code.
+
+    Args:
+        lengths: Shape ``[B]`` int64, committed slots per row.
+        visible: Shape ``[B, F, S]`` bool, scratch slots each frontier node sees.
+        scratch_start: first scratch slot.
+        capacity: ``C``, the cache's slots (the mask's key length).
+        dtype: ``torch.bool`` or a floating dtype.
+        out: Shape ``[B, 1, F, C]``, optional destination (unit last stride).
+        alignment: row stride multiple of a newly allocated mask.
+
+    Returns:
+        Shape ``[B, 1, F, C]``.
+    """
+    batch, nodes, scratch = _check_head(lengths, visible, scratch_start, capacity, dtype, out, alignment)
+    committed = torch.arange(scratch_start, device=lengths.device) < lengths[:, None]            # [B, S0]
+    seen = torch.cat([committed[:, None].expand(batch, nodes, scratch_start), visible,
+                      visible.new_zeros(batch, nodes, capacity - scratch_start - scratch)], dim=-1)[:, None]
+    if dtype == torch.bool:
+        storage = _aligned_empty(batch, nodes, capacity, dtype, lengths.device, alignment)
+        storage[..., capacity:] = False
+        mask = storage[..., :capacity].copy_(seen)
+    else:
+        mask = to_aligned_additive_mask(seen, dtype, alignment)
+    return mask if out is None else out.copy_(mask)
+
+
+@jit
+def _head_tree_mask_kernel(
+    lengths_ptr, visible_ptr, out_ptr, fill_ptr,
+    scratch_start, scratch_len, write_width,
+    stride_vb, stride_vq, stride_vs, stride_ob, stride_oq,
+    BLOCK: tl.constexpr,
+):
+    query = tl.program_id(0)
+    row = tl.program_id(1)
+    zero = tl.load(fill_ptr)
+    hidden = tl.load(fill_ptr + 1)
+    length = tl.load(lengths_ptr + row)
+    out_row = out_ptr + row * stride_ob + query * stride_oq
+    vis_row = visible_ptr + row * stride_vb + query * stride_vq
+    for start in range(0, write_width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        offset = cols - scratch_start
+        in_scratch = (offset >= 0) & (offset < scratch_len)
+        vis = tl.load(vis_row + offset * stride_vs, mask=in_scratch, other=0) != 0
+        seen = ((cols < scratch_start) & (cols < length)) | vis
+        tl.store(out_row + cols, tl.where(seen, zero, hidden), mask=cols < write_width)
+
+
+def _head_fill_values(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if dtype != torch.bool:
+        return _fill_values(dtype, device)
+    key = (dtype, device)
+    if key not in _FILL_CACHE:
+        values = torch.zeros(2, dtype=torch.uint8, device=device)  # a bool mask, written as bytes: [True, False]
+        values[0] = 1  # a fill, not a host-to-device copy: safe even inside a CUDA graph capture
+        _FILL_CACHE[key] = values
+    return _FILL_CACHE[key]
+
+
+def _head_tree_mask_triton(lengths, visible, scratch_start, capacity, dtype, out, alignment) -> torch.Tensor:
+    batch, nodes, scratch = _check_head(lengths, visible, scratch_start, capacity, dtype, out, alignment)
+    device = lengths.device
+    if out is None:
+        storage = _aligned_empty(batch, nodes, capacity, dtype, device, alignment)
+        mask, write_width = storage[..., :capacity], storage.shape[-1]
+    else:
+        mask, write_width = out, capacity
+    if batch and nodes:
+        target = mask.view(torch.uint8) if dtype == torch.bool else mask
+        vis = visible.view(torch.uint8)
+        _head_tree_mask_kernel[(nodes, batch)](
+            lengths.long(), vis, target, _head_fill_values(dtype, device),
+            scratch_start, scratch, write_width,
+            vis.stride(0), vis.stride(1), vis.stride(2), target.stride(0), target.stride(2),
+            BLOCK=min(512, next_pow2(write_width)),
+        )
+    return mask
+
+
+def head_tree_mask(
+    lengths: torch.Tensor,
+    visible: torch.Tensor,
+    scratch_start: int,
+    capacity: int,
+    dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    alignment: int = 8,
+) -> torch.Tensor:
+    """The attention mask of one tree level over a draft head's fixed-capacity cache, in one launch.
+
+    A draft head (EAGLE's) keeps its keys in a slot-addressed cache of ``C`` slots: committed entries at slots
+    ``0..lengths-1``, the tree's scratch slots at ``[scratch_start, scratch_start + S)`` (the frontier's own keys
+    are the last ``F`` of them), the rest unused. Frontier node ``q`` of row ``b`` sees::
+
+        seen[b, q, k] = k < lengths[b]                      for k < scratch_start    (the committed prefix)
+                      = visible[b, q, k - scratch_start]    for k in the scratch slots (its ancestors and itself)
+                      = False                               otherwise
+        mask = seen (dtype bool)  or  where(seen, 0, finfo(dtype).min) (floating dtype),  rows padded to `alignment`
+
+    Same values, bit for bit, as the EAGLE drafter's former ``cat([committed, visible, zeros])`` (bool), or as
+    ``to_aligned_additive_mask`` of it (floating); no host sync, shapes fixed by ``(B, F, S, C)``, so it is
+    captured in CUDA graphs as it is. The tree's ancestor sets come from the tree policy (``visible``, see
+    :mod:`specdec.trees.dynamic`); :func:`tree_mask` is the target-side member of the family, which walks parents.
+
+    Dispatch: the Triton kernel when the tensors are on CUDA and triton imports, :func:`head_tree_mask_ref`
+    otherwise (see :func:`specdec.kernels.kernel_mode`).
+
+    Args:
+        lengths: Shape ``[B]`` int64, committed slots per row (slot = position).
+        visible: Shape ``[B, F, S]`` bool, which scratch slots each frontier node sees.
+        scratch_start: first scratch slot (``>= max(lengths)`` in use, so that the ranges never overlap).
+        capacity: ``C``, the cache's slots (the mask's key length).
+        dtype: ``torch.bool`` (True = attend) or a floating dtype (additive: 0 visible, ``finfo.min`` hidden).
+        out: Shape ``[B, 1, F, C]``, optional destination with unit last stride (a view of a preallocated buffer).
+        alignment: row stride multiple of a newly allocated mask.
+
+    Returns:
+        Shape ``[B, 1, F, C]``.
+
+    Example:
+        >>> m = head_tree_mask(torch.tensor([2]), torch.tensor([[[True, False], [True, True]]]), 3, 6, torch.bool)
+        >>> m[0, 0].int().tolist()
+        [[1, 1, 0, 1, 0, 0], [1, 1, 0, 1, 1, 0]]
+
+    References:
+        EAGLE arXiv 2401.15077 (tree attention in the draft head); EAGLE-2 arXiv 2406.16858.
+    """
+    tensors = [lengths, visible] + ([out] if out is not None else [])
+    if use_kernel("head_tree_mask", *tensors):
+        return _head_tree_mask_triton(lengths, visible, scratch_start, capacity, dtype, out, alignment)
+    return head_tree_mask_ref(lengths, visible, scratch_start, capacity, dtype, out=out, alignment=alignment)

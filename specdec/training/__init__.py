@@ -3,6 +3,15 @@
 References:
     EAGLE arXiv 2401.15077; EAGLE-3 arXiv 2503.01840.
 """
+from .dflash import (
+    BlockLoss,
+    DFlashTrainRecord,
+    block_accuracy,
+    dflash_loss,
+    sample_anchors,
+    train_dflash,
+    train_dspark,
+)
 from .eagle import (
     TrainRecord,
     TrainResult,
@@ -25,6 +34,7 @@ from .medusa import (
     train_medusa1,
     train_medusa2,
 )
+from .peagle import PEagleBlock, PEagleEval, cod_counts, evaluate_peagle, peagle_block, peagle_loss, train_peagle
 
 __all__ = [
     "FitRecord",
@@ -44,15 +54,7 @@ __all__ += [
     "MedusaTrainResult", "Medusa2Result", "LoRALinear", "apply_lora", "merge_lora", "medusa_loss",
     "distillation_kl", "train_medusa1", "train_medusa2"
 ]
-from .dflash import (  # noqa: E402
-    BlockLoss,
-    DFlashTrainRecord,
-    block_accuracy,
-    dflash_loss,
-    sample_anchors,
-    train_dflash,
-    train_dspark,
-)
-
+__all__ += ["PEagleBlock", "PEagleEval", "cod_counts", "evaluate_peagle", "peagle_block", "peagle_loss",
+            "train_peagle"]
 __all__ += ["BlockLoss", "DFlashTrainRecord", "block_accuracy", "dflash_loss", "sample_anchors", "train_dflash",
             "train_dspark"]

@@ -1,0 +1,292 @@
+"""The fast path on a Llama-2-7B shape (random weights, nothing downloaded): one step, eager against fast.
+
+For batch 1, 4 and 16 (``--batches``), on a prompt of ``--context`` random tokens, the script times (median of
+``--reps`` runs after ``--warmup``, each run between two CUDA events and followed by a synchronisation, so the
+figure is the step's wall time):
+
+- ``hf_eager``: one HF forward of one token per row on a ``DynamicCache`` (what HF ``generate`` runs per token,
+  without its logits processing);
+- ``eager_plain`` / ``fast_plain``: one :func:`specdec.step.step` without drafts, on
+  :class:`~specdec.adapter.ModelAdapter` / on :class:`~specdec.static.StaticAdapter` (the fast path);
+- ``floor``: the bandwidth floor of one vanilla step: (weight bytes + KV bytes of the context) / the copy bandwidth
+  measured here (a large device-to-device copy);
+- ``gptfast`` (with ``--gptfast PATH``, the anchors folder holding ``gptfast/``): gpt-fast's compiled decode step
+  (``torch.compile(mode="reduce-overhead")``, static cache) on the same shape, in the same process (about two
+  minutes of compiling per batch size on the H200; gpt-fast's module sets inductor options at import);
+- ``fast_plain_compiled`` / ``fast_spec_compiled`` (with ``--compile``): the same with ``torch.compile`` applied
+  before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape);
+- ``eager_spec`` / ``fast_spec``: one speculative step, EAGLE-2 (a random :class:`~specdec.heads.Eagle1Head`,
+  ``DynamicTree(60, 6, 10)``, drafter graphed as ``recipes.eagle2`` delivers it), verifying the 61-node tree, with
+  compaction, on each adapter.
+
+Every measurement runs in its own ``try``: a failure is recorded in the results instead of ending the run. Prints a
+Markdown table; ``--out DIR`` writes ``results.json`` and ``results.md``.
+
+Examples::
+
+    python examples/bench_fast_7b.py --out runs/fast_7b                                   # on the H200
+    python examples/bench_fast_7b.py --gptfast shared/anchors --out runs/fast_7b          # with gpt-fast beside
+    python examples/bench_fast_7b.py --tiny --batches 1 2 --reps 3                        # any machine, tiny shape
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from specdec import recipes  # noqa: E402
+from specdec.adapter import ModelAdapter  # noqa: E402
+from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
+from specdec.heads import Eagle1Head  # noqa: E402
+from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
+from specdec.step import prefill, step  # noqa: E402
+
+LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=2048)
+TREE = dict(total_tokens=60, depth=6, top_k=10)
+
+
+def build_target(shape: dict, device: str, dtype: torch.dtype):
+    """A random-weight ``LlamaForCausalLM`` of the given shape, built on ``device`` (sdpa attention)."""
+    import transformers
+
+    config = transformers.LlamaConfig(**shape)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():  # cheap, in place, on the device; small std keeps bf16 logits finite
+            p.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, *, warmup: int, reps: int, device: str) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events on CUDA, each run followed by a sync; wall clock elsewhere)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: str, gigabytes: float = 2.0) -> float:
+    """Measured device copy bandwidth in bytes/s (read + write of a ``gigabytes`` buffer)."""
+    n = int(gigabytes * 1e9) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=3, reps=10, device=device)
+    return 2 * n * 2 / (ms * 1e-3)
+
+
+def floor_ms(model, batch: int, context: int, bandwidth: float) -> float:
+    """(weight bytes + KV-cache bytes of ``context`` tokens per row) / bandwidth, in ms."""
+    c = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    head_dim = c.hidden_size // c.num_attention_heads
+    kv = 2 * c.num_hidden_layers * batch * c.num_key_value_heads * context * head_dim * model.dtype.itemsize
+    return 1e3 * (weights + kv) / bandwidth
+
+
+def hf_eager_step(model, ids):
+    """A closure running one HF decode forward (one token per row) on a growing ``DynamicCache``."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = DynamicCache()
+    B, T = ids.shape
+    with torch.no_grad():
+        model(input_ids=ids, **{kw: cache}, use_cache=True)
+    tok = ids[:, -1:].clone()
+    pos = [T]
+
+    @torch.no_grad()
+    def run():
+        model(input_ids=tok, position_ids=torch.full((B, 1), pos[0], device=ids.device), **{kw: cache},
+              use_cache=True)
+        pos[0] += 1
+    return run
+
+
+def specdec_step(adapter, ids, drafter=None, num_drafts: int = 0):
+    """A closure running one :func:`specdec.step.step` from a live state (which it advances)."""
+    out = prefill(adapter, ids, drafter=drafter)
+    state = [out.state]
+
+    def run():
+        state[0] = step(adapter, state[0], drafter=drafter, num_drafts=num_drafts).state
+    return run
+
+
+def gptfast_step(path: str, shape: dict, batch: int, context: int, device: str, dtype: torch.dtype):
+    """A closure running gpt-fast's compiled decode step (reduce-overhead, static cache) on the same shape."""
+    folder = path if os.path.exists(os.path.join(path, "model.py")) else os.path.join(path, "gptfast")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import generate as G
+    from model import ModelArgs, Transformer
+
+    args = ModelArgs(block_size=shape["max_position_embeddings"], vocab_size=shape["vocab_size"],
+                     n_layer=shape["num_hidden_layers"], n_head=shape["num_attention_heads"],
+                     n_local_heads=shape["num_key_value_heads"], dim=shape["hidden_size"],
+                     intermediate_size=shape["intermediate_size"])
+    with torch.device(device):
+        model = Transformer(args).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    model.eval()
+    with torch.device(device):
+        model.setup_caches(max_batch_size=batch, max_seq_length=context + 64)
+    decode = torch.compile(G.decode_one_token, mode="reduce-overhead", fullgraph=True)
+    tok = torch.zeros(batch, 1, dtype=torch.int, device=device)
+    pos = torch.tensor([context], dtype=torch.int, device=device)
+
+    @torch.no_grad()
+    def run():
+        decode(model, tok, pos.clone(), temperature=0.0)
+    return run, model
+
+
+def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: str) -> None:
+    """``results[name] = median ms`` of the closure ``make()`` returns, or the error it raised."""
+    try:
+        fn = make()
+        results[name] = round(time_ms(fn, warmup=warmup, reps=reps, device=device), 4)
+    except Exception as err:  # a benchmark records failures instead of dying
+        results[name] = None
+        results.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"
+        traceback.print_exc()
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_compiled", "floor", "gptfast", "eager_spec",
+           "fast_spec", "fast_spec_compiled"]
+
+
+def to_markdown(rows: dict, meta: dict) -> str:
+    """The results as a Markdown table (ms per step; ratios last)."""
+    head = ["batch"] + [f"{c} ms" for c in COLUMNS] + ["fast_plain / floor", "fast_spec / fast_plain",
+                                                         "eager_plain / fast_plain"]
+    lines = [f"{meta['shape_name']} shape, random weights, {meta['dtype']}, context {meta['context']}, "
+             f"EAGLE-2 tree {TREE}; copy bandwidth {meta['bandwidth_TBps']:.2f} TB/s", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "-"
+
+    for batch, r in rows.items():
+        cells = [str(batch)] + [f"{r[c]:.2f}" if r.get(c) else "-" for c in COLUMNS]
+        cells += [ratio(r.get("fast_plain"), r.get("floor")), ratio(r.get("fast_spec"), r.get("fast_plain")),
+                  ratio(r.get("eager_plain"), r.get("fast_plain"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torch.dtype, bandwidth: float) -> dict:
+    """Every measurement at one batch size (ms per step; ``errors`` holds what failed)."""
+    r = {}
+    shape = TINY if args.tiny else LLAMA2_7B
+    ids = torch.randint(0, shape["vocab_size"], (batch, args.context), device=device,
+                        generator=torch.Generator(device=device).manual_seed(batch))
+    kw = dict(warmup=args.warmup, reps=args.reps, device=device)
+    # Each speculative step commits at most depth + 1 tokens (warm-up runs included).
+    capacity = capacity_for(args.context, (args.warmup + args.reps) * (TREE["depth"] + 1), 128)
+    measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
+    measure(r, "eager_plain", lambda: specdec_step(ModelAdapter(model), ids), **kw)
+    measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids), **kw)
+    r["floor"] = round(floor_ms(model, batch, args.context, bandwidth), 4)
+    if args.gptfast:
+        held = {}
+
+        def make_gptfast():
+            fn, held["model"] = gptfast_step(args.gptfast, shape, batch, args.context, device, dtype)
+            return fn
+        measure(r, "gptfast", make_gptfast, **kw)
+        held.clear()
+    layers = head.feature_layers
+    measure(r, "eager_spec", lambda: specdec_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
+    measure(r, "fast_spec", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
+                                                 TREE["depth"]), **kw)
+    if args.compile:
+        cap = compiled_capture(capture_graph if device == "cuda" else
+                               (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
+        measure(r, "fast_plain_compiled", lambda: specdec_step(StaticAdapter(model, capacity=capacity, capture=cap),
+                                                               ids), **kw)
+        measure(r, "fast_spec_compiled", lambda: specdec_step(
+            StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, drafter, TREE["depth"]), **kw)
+    return r
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens per row")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/) to time gpt-fast too")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the fast path with torch.compile before capture (minutes of compiling)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
+    parser.add_argument("--out", default=None, help="folder for results.json / results.md")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shape = TINY if args.tiny else LLAMA2_7B
+    torch.manual_seed(0)
+    model = build_target(shape, device, dtype)
+    bandwidth = copy_bandwidth(device, 0.05 if args.tiny else 2.0)
+    meta = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype=str(dtype),
+                context=args.context, shape=shape, shape_name="tiny" if args.tiny else "Llama-2-7B", tree=TREE,
+                torch=torch.__version__, transformers=__import__("transformers").__version__,
+                bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps)
+    torch.manual_seed(1)
+    head = Eagle1Head.from_target(model)
+    drafter = recipes.eagle2(head, **TREE)
+    rows = {}
+    for batch in args.batches:
+        rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth)
+        print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
+    table = to_markdown(rows, meta)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "results.md"), "w") as f:
+            f.write(table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Parallel drafting against sequential drafting, in one process: P-EAGLE, DFlash and DSpark against EAGLE-2 and
+EAGLE-3 at K = 3, 5, 7, with HF vanilla and HF assisted generation as the baseline.
+
+Per method and K (greedy, batch 1, every specdec row verified losslessly):
+
+- tokens/s and speedup against HF vanilla ``generate`` (timed loop, methods interleaved per prompt);
+- tau (emitted tokens per target forward) and acceptance per depth;
+- draft time per step (ms): ``generate(profile=True)`` on the first prompts, the ``draft`` phase divided by steps
+  (profiling synchronises after each phase, so it runs apart from the timed loop).
+
+Example (GPU; heads from examples/train_eagle.py, train_peagle.py and train_dflash.py)::
+
+    python examples/bench_parallel.py --target ../shared/models/pycoder-18m \\
+        --draft ../shared/models/pycoder-draft-4m --data ../shared/data/pycode-heldout.jsonl \\
+        --eagle2 runs/eagle/eagle1/final --eagle3 runs/eagle/eagle3/final --peagle runs/peagle/peagle/final \\
+        --dflash runs/dflash/dflash/final --dspark runs/dspark/dspark/final --out runs/parallel
+
+Writes ``results.json``, ``results.md`` and ``results.png`` (speedup against K, draft time against K, acceptance
+per depth at the largest K) to ``--out``. ``--quick`` runs tiny random models on a CPU (the smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import specdec as sd  # noqa: E402
+from specdec import bench  # noqa: E402
+
+METHODS = ("EAGLE-2", "EAGLE-3", "P-EAGLE", "DFlash", "DSpark")
+
+
+def _load_heads(args, target, dtype, device) -> dict:
+    """Method name -> (head, factory(head, K) -> drafter)."""
+    from specdec.formats import load_dflash_head, load_eagle_head, load_peagle_head
+
+    heads = {}
+    if args.eagle2:
+        heads["EAGLE-2"] = (load_eagle_head(args.eagle2, target, dtype=dtype, device=device),
+                            lambda h, k: sd.recipes.eagle2(h, depth=k, total_tokens=args.total_tokens))
+    if args.eagle3:
+        heads["EAGLE-3"] = (load_eagle_head(args.eagle3, target, dtype=dtype, device=device),
+                            lambda h, k: sd.recipes.eagle3(h, depth=k, total_tokens=args.total_tokens))
+    if args.peagle:
+        heads["P-EAGLE"] = (load_peagle_head(args.peagle, target, dtype=dtype, device=device),
+                            lambda h, k: sd.recipes.peagle(h, num_drafts=k))
+    if args.dflash:
+        heads["DFlash"] = (load_dflash_head(args.dflash, target, dtype=dtype, device=device),
+                           lambda h, k: sd.recipes.dflash(h))
+    if args.dspark:
+        heads["DSpark"] = (load_dflash_head(args.dspark, target, dtype=dtype, device=device),
+                           lambda h, k: sd.recipes.dspark(h))
+    return heads
+
+
+def _quick_inputs(folder: Path) -> dict:
+    """Tiny target, draft and random heads of every kind, written in their real formats (seconds on a CPU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.formats import save_dflash_head, save_eagle_head, save_peagle_head
+    from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head, PEagleHead
+
+    torch.manual_seed(0)  # weights of the throw-away models only; nothing measured depends on the global RNG
+
+    def llama(hidden, layers):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden,
+                                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                                            max_position_embeddings=512, attn_implementation="sdpa")).eval()
+
+    target, draft = llama(64, 4), llama(32, 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    target.save_pretrained(folder / "target")
+    draft.save_pretrained(folder / "draft")
+    save_eagle_head(Eagle1Head.from_target(target), folder / "e1")
+    save_eagle_head(Eagle3Head.from_target(target), folder / "e3")
+    save_peagle_head(PEagleHead.from_target(target, num_layers=1, max_drafts=7), folder / "peagle")
+    save_dflash_head(DFlashHead.from_target(target, block_size=8), folder / "dflash")
+    save_dflash_head(DSparkHead.from_target(target, block_size=8), folder / "dspark")
+    prompts = folder / "prompts.jsonl"
+    gen = torch.Generator().manual_seed(0)
+    with open(prompts, "w") as f:
+        for _ in range(3):
+            f.write(json.dumps({"prompt_ids": torch.randint(3, 96, (24,), generator=gen).tolist()}) + "\n")
+    return {"target": folder / "target", "draft": folder / "draft", "eagle2": folder / "e1", "eagle3": folder / "e3",
+            "peagle": folder / "peagle", "dflash": folder / "dflash", "dspark": folder / "dspark",
+            "data": prompts}
+
+
+def _prompts(args, target_path, device) -> list[torch.Tensor]:
+    rows = [json.loads(line) for line in open(args.data) if line.strip()][: args.num_prompts]
+    if rows and "prompt_ids" in rows[0]:
+        return [torch.tensor(r["prompt_ids"][-args.prompt_tokens:], device=device)[None] for r in rows]
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(target_path)
+    return [p.to(device) for p in bench.load_prompts(args.data, tok, args.num_prompts, args.prompt_tokens)]
+
+
+def _draft_ms(target, drafter, prompts, n, k, repeats: int) -> dict:
+    """Profiled runs: ms per step of each phase (``draft``, ``target``, ``verify``, ``commit``, ``update``)."""
+    sd.generate(target, prompts[0], drafter=drafter, num_drafts=k, max_new_tokens=n)  # warm (graphs)
+    totals, steps = {}, 0
+    for ids in prompts[:repeats]:
+        out = sd.generate(target, ids, drafter=drafter, num_drafts=k, max_new_tokens=n, profile=True)
+        steps += out.stats.num_steps
+        for phase, seconds in out.stats.phase_times.items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
+    return {phase: 1e3 * s / max(1, steps) for phase, s in totals.items()}
+
+
+def _plot(rows: list, ks: list, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for method in METHODS:
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        style = "--" if method.startswith("EAGLE") else "-"
+        axes[0].plot([r["K"] for r in mine], [r["speedup"] for r in mine], style, marker="o", label=method)
+        axes[1].plot([r["K"] for r in mine], [r["draft_ms"] for r in mine], style, marker="o", label=method)
+        last = mine[-1]
+        axes[2].plot(range(1, len(last["acceptance_per_depth"]) + 1), last["acceptance_per_depth"], style,
+                     marker="o", label=f"{method} (K={last['K']})")
+    axes[0].set(xlabel="K (draft depth)", ylabel="speedup over HF vanilla", title="speedup")
+    axes[1].set(xlabel="K (draft depth)", ylabel="ms per step", title="draft time per step")
+    axes[2].set(xlabel="depth", ylabel="acceptance rate", title="acceptance per depth", ylim=(0, 1.05))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_xticks(ks) if ax is not axes[2] else None
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target")
+    ap.add_argument("--draft", help="draft model for HF assisted generation")
+    ap.add_argument("--data", help="JSONL with a 'prompt' field (held-out prompts)")
+    for name in ("eagle2", "eagle3", "peagle", "dflash", "dspark"):
+        ap.add_argument(f"--{name}", help=f"{name} head folder")
+    ap.add_argument("--ks", type=int, nargs="+", default=[3, 5, 7])
+    ap.add_argument("--total-tokens", type=int, default=60, help="EAGLE-2/3 dynamic tree size")
+    ap.add_argument("--num-prompts", type=int, default=30)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--profile-prompts", type=int, default=3, help="prompts of the profiled (draft time) runs")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--max-seconds", type=float, default=None, help="time budget of the timed loop")
+    ap.add_argument("--no-cudnn-sdpa", action="store_true", help="disable cuDNN SDPA process-wide (every method)")
+    ap.add_argument("--out", default="runs/parallel")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke test on tiny random models (seconds)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        quick = _quick_inputs(Path(args.out) / "quick_inputs")
+        for key, value in quick.items():
+            setattr(args, key, str(value))
+        args.dtype, args.device, args.warmup = "float32", "cpu", 0
+        args.max_new_tokens, args.profile_prompts = min(args.max_new_tokens, 12), 1
+    if not (args.target and args.data):
+        ap.error("--target and --data are required (or --quick)")
+    if args.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    os.makedirs(args.out, exist_ok=True)
+    import transformers
+
+    dtype = getattr(torch, args.dtype)
+    load = dict(dtype=dtype, attn_implementation="sdpa")
+    target = transformers.AutoModelForCausalLM.from_pretrained(args.target, **load).to(args.device).eval()
+    draft = (transformers.AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device).eval()
+             if args.draft else None)
+    prompts = _prompts(args, args.target, args.device)
+    heads = _load_heads(args, target, dtype, args.device)
+    n = args.max_new_tokens
+    methods = {"HF vanilla": bench.hf_method(target, n)}
+    if draft is not None:
+        methods["HF assisted"] = bench.hf_method(target, n, assistant_model=draft)
+    drafters = {}
+    for method, (head, make) in heads.items():
+        for k in args.ks:
+            drafter = make(head, k)
+            drafters[(method, k)] = drafter
+            methods[f"{method} K={k}"] = bench.specdec_method(target, lambda d=drafter: d, n, num_drafts=k)
+    with open(os.path.join(args.out, "log.txt"), "w") as log:
+        results = bench.run_benchmark(methods, prompts, warmup=args.warmup, baseline="HF vanilla",
+                                      max_seconds=args.max_seconds, log=log)
+    by_name = {r.name: r for r in results}
+    rows = []
+    for (method, k), drafter in drafters.items():
+        r = by_name[f"{method} K={k}"]
+        phases = _draft_ms(target, drafter, prompts, n, k, args.profile_prompts)
+        rows.append({"method": method, "K": k, "tokens_per_second": r.tokens_per_second, "speedup": r.speedup,
+                     "tau": r.tau, "acceptance_per_depth": r.acceptance_per_depth, "greedy_match": r.greedy_match,
+                     "draft_ms": phases.get("draft", float("nan")), "phases_ms_per_step": phases})
+    measured = results[0].extra["prompts"]
+    device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    title = (f"{os.path.basename(str(args.target).rstrip('/'))}, {args.dtype}, greedy, batch 1, {measured} prompts, "
+             f"last {args.prompt_tokens} prompt tokens, {n} new tokens, {device_name}")
+    lines = [f"# Parallel drafting vs EAGLE-2/3 — {title}", "",
+             "| method | K | tokens/s | speedup | tau | draft ms/step | same as HF vanilla | acceptance per depth |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        if r.name.startswith("HF"):
+            lines.append(f"| {r.name} | - | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | - | - | "
+                         f"{100 * r.greedy_match:.0f}% | - |")
+    for row in rows:
+        acc = ", ".join(f"{a:.2f}" for a in row["acceptance_per_depth"])
+        lines.append(f"| {row['method']} | {row['K']} | {row['tokens_per_second']:.1f} | {row['speedup']:.2f}x | "
+                     f"{row['tau']:.2f} | {row['draft_ms']:.2f} | {100 * row['greedy_match']:.0f}% | {acc} |")
+    best_parallel = max((r for r in rows if r["method"] in ("P-EAGLE", "DFlash", "DSpark")),
+                        key=lambda r: r["tokens_per_second"], default=None)
+    best_e3 = max((r for r in rows if r["method"] == "EAGLE-3"), key=lambda r: r["tokens_per_second"], default=None)
+    summary = {}
+    if best_parallel and best_e3:
+        summary = {"best_parallel": f"{best_parallel['method']} K={best_parallel['K']}",
+                   "best_eagle3": f"EAGLE-3 K={best_e3['K']}",
+                   "ratio_tokens_per_second": best_parallel["tokens_per_second"] / best_e3["tokens_per_second"]}
+        lines += ["", f"Best parallel drafter: {summary['best_parallel']}, "
+                      f"{summary['ratio_tokens_per_second']:.2f}x the tokens/s of the best {summary['best_eagle3']}."]
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"title": title, "rows": rows, "summary": summary, "torch": torch.__version__,
+                   "transformers": transformers.__version__,
+                   "baselines": [{"name": r.name, "tokens_per_second": r.tokens_per_second, "speedup": r.speedup}
+                                 for r in results if r.name.startswith("HF")]}, f, indent=1)
+    try:
+        _plot(rows, args.ks, os.path.join(args.out, "results.png"), title)
+    except ImportError as e:  # matplotlib is optional (the `plot` extra)
+        print(f"no plot: {e}")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,661 @@
+"""The fast path's target adapter: a preallocated KV cache and one captured target forward per padded size.
+
+:class:`StaticAdapter` has the public surface of :class:`~specdec.adapter.ModelAdapter` (``prefill``, ``decode``,
+``forward``, ``commit``, ``check_positions``, ``vocab_size``, ``feature_layers``, ``max_positions``), so
+:func:`specdec.step.step` and :func:`specdec.generate` drive it unchanged; ``generate(..., fast=True)`` picks it
+(through :func:`target_adapter`).
+
+Cache layout, per row (``Lmax`` slots, preallocated once)::
+
+    [ committed slots (Lc, some invalid: left padding, holes) | pending slots (P) | free slots ]
+
+exactly :class:`~specdec.adapter.ModelAdapter`'s layout, inside tensors that never move: every row shares the write
+pointer ``Lc`` (a host int), per-row holes are masked through the ``valid`` buffer ``[B, Lmax]``. Attention always
+spans all ``Lmax`` keys under an additive 4-D mask ``[B, 1, M, Lmax]`` (built by :func:`specdec.kernels.tree_mask`
+into a preallocated buffer; free slots are hidden), so every forward of a given padded size has the same shapes.
+
+**Why our own small cache, not HF's ``StaticCache``.** Our :func:`slot_cache` (an HF ``Cache``
+of :class:`SlotLayer` s) writes the new keys/values at the slots held in one index tensor that the adapter sets
+before each forward (``index_copy_`` into the preallocated tensors) and returns the full tensors. HF's
+``StaticCache`` takes its write positions from ``cache_position`` / ``position_ids`` — but tree nodes share
+positions (siblings have equal depths) and rows hold holes, so slot and position differ; its constructor,
+``cache_position`` plumbing and lazy initialisation also changed between transformers 5.17 and 5.24, while the
+``Cache(layers=[...])`` constructor and ``Cache.update(keys, values, layer_idx, ...)`` -> ``layer.update(...)``
+protocol are the same in both. Given a 4-D mask, HF's ``create_causal_mask`` returns it as is in both versions, so
+the cache is asked for nothing but ``update``.
+
+**Buckets.** A forward of ``M`` nodes is padded to the smallest bucket ``>= M`` (default
+:data:`DEFAULT_BUCKETS`); padding nodes are absent (they see only themselves, write to free slots and are never
+kept). On CUDA each bucket's forward is captured once as a CUDA graph (:func:`specdec.graphs.capture_graph`: its
+inputs are the tokens, positions, mask and write slots) and replayed; the prompt's prefill runs eagerly (HF's own
+pass on a ``DynamicCache``, copied into the static tensors once, so prefill logits equal the eager path's bit for
+bit). Elsewhere (CPU) the same code runs eagerly (:func:`specdec.graphs.capture_graph_ref`), so CPU tests cover
+the logic. A forward larger than the largest bucket runs eagerly at its own size.
+
+**Commit** moves the accepted path in place inside the static tensors (:func:`specdec.kernels.compact_kv` with
+``inplace=True``: the kernel and its reference both store into the given tensors), so captured graphs stay
+valid; then ``Lc += A`` and ``valid`` is updated in place. No host sync happens inside ``forward``/``commit``
+beyond ModelAdapter's (``commit`` takes ``prefix`` from the caller, as :func:`specdec.step.step` passes it).
+
+**Compilation** is the caller's: ``capture=compiled_capture()`` compiles each bucket's forward with
+``torch.compile`` before capturing it (off by default: the graphs remove the launch cost, compiling adds fusion at
+the price of minutes of compile time per shape on a 7B model).
+
+**Capacity.** ``Lmax`` is fixed at construction (:func:`capacity_for`); a forward that would pass it raises
+:class:`CapacityError` (never wraps around).
+
+States are consumed as in :class:`~specdec.adapter.CacheState` (the buffers are updated in place).
+
+References:
+    gpt-fast (static KV cache + ``torch.compile(mode="reduce-overhead")``); NVIDIA CUDA Graphs; EAGLE-2
+    (Li et al., arXiv 2406.16858) for the tree forward being verified.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
+from .graphs import CapturedStep, capture_graph, capture_graph_ref
+from .kernels import compact_kv, tree_mask
+
+__all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
+           "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter"]
+
+#: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class CapacityError(ValueError):
+    """A forward would write past the static cache's ``Lmax`` slots."""
+
+
+def bucket_for(num_nodes: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket ``>= num_nodes``, or ``num_nodes`` itself when it exceeds every bucket.
+
+    Args:
+        num_nodes: ``M``, nodes of one forward.
+        buckets: the padded sizes, ascending.
+
+    Returns:
+        The padded size.
+    """
+    return next((b for b in buckets if b >= num_nodes), num_nodes)
+
+
+def capacity_for(prompt_len: int, max_new_tokens: int, max_nodes: int, *, multiple: int = 64) -> int:
+    """``Lmax``: ``round_up(prompt_len + max_new_tokens + max_nodes + 1, multiple)``.
+
+    Args:
+        prompt_len: ``T``, the (padded) prompt length.
+        max_new_tokens: new tokens per row.
+        max_nodes: the largest padded forward (a bucket) that may run on top of the committed tokens.
+        multiple: alignment of ``Lmax`` (64 keeps the mask rows aligned for SDPA).
+
+    Returns:
+        The number of cache slots.
+    """
+    return math.ceil((prompt_len + max_new_tokens + max_nodes + 1) / multiple) * multiple
+
+
+class SlotLayer:
+    """One attention layer's preallocated keys and values; ``update`` writes the new entries at ``cache.slots``.
+
+    Args:
+        cache: the owning cache (:func:`slot_cache`; holds the write slots).
+        keys: Shape ``[B, heads, Lmax, head_dim]``, preallocated.
+        values: Shape ``[B, heads, Lmax, head_dim]``, preallocated.
+    """
+
+    is_sliding = False
+    is_compileable = True
+
+    def __init__(self, cache, keys: torch.Tensor, values: torch.Tensor):
+        self._cache = weakref.ref(cache)
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+        self.device, self.dtype = keys.device, keys.dtype
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write ``[B, heads, M, d]`` new keys/values at slots ``cache.slots`` (``[M]``); return the full tensors."""
+        slots = self._cache().slots
+        self.keys.index_copy_(2, slots, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, slots, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # preallocated: nothing to do
+        """No-op (the tensors are preallocated)."""
+
+    def get_seq_length(self) -> int:
+        """Slots held (``Lmax``; the adapter tracks the committed length itself)."""
+        return self.keys.shape[2]
+
+    def get_max_length(self) -> int:
+        """``Lmax``."""
+        return self.keys.shape[2]
+
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` = ``(Lmax, 0)``: attention spans every slot."""
+        return self.keys.shape[2], 0
+
+    def reset(self) -> None:
+        """Zero the tensors (in place)."""
+        self.keys.zero_()
+        self.values.zero_()
+
+
+@functools.cache
+def _slot_cache_type() -> type:
+    """The ``transformers.Cache`` subclass behind :func:`slot_cache` (transformers is imported on first use)."""
+    from transformers import Cache
+
+    class SlotCache(Cache):
+        """An HF ``Cache`` over preallocated tensors, written at ``slots`` (see :func:`slot_cache`)."""
+
+        def __init__(self, shapes, device):
+            super().__init__(layers=[])
+            for shape, dtype in shapes:
+                self.layers.append(SlotLayer(self, torch.zeros(shape, dtype=dtype, device=device),
+                                             torch.zeros(shape, dtype=dtype, device=device)))
+            self.slots = torch.zeros(1, dtype=torch.long, device=device)
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            """``Lmax`` (positions are always passed explicitly)."""
+            return self.layers[layer_idx].get_seq_length()
+
+        @property
+        def is_compileable(self) -> bool:
+            """Static shapes: yes."""
+            return True
+
+    SlotCache.__module__ = __name__
+    return SlotCache
+
+
+def slot_cache(shapes: Sequence[tuple[tuple[int, ...], torch.dtype]], device: torch.device):
+    """An HF ``Cache`` of :class:`SlotLayer` s over zeroed preallocated tensors.
+
+    ``cache.slots`` (Shape ``[M]`` int64) says where the next forward's ``M`` tokens are written; the adapter sets
+    it before each forward.
+
+    Args:
+        shapes: one ``(keys_shape, dtype)`` per layer, ``keys_shape = (B, heads, Lmax, head_dim)``.
+        device: where to allocate.
+
+    Returns:
+        A ``transformers.Cache`` instance (class ``SlotCache``).
+    """
+    return _slot_cache_type()(shapes, device)
+
+
+def compiled_capture(capture: Callable[..., CapturedStep] = capture_graph, **compile_kwargs
+                     ) -> Callable[..., CapturedStep]:
+    """A capture function for :class:`StaticAdapter` that applies ``torch.compile`` to each bucket's forward first.
+
+    Compilation is the caller's choice (as in gpt-fast): ``StaticAdapter(model, capacity=..., capture=
+    compiled_capture())`` compiles the forward (``dynamic=False``: one compiled graph per bucket and batch size,
+    so mind dynamo's recompile limit) and captures the compiled kernels as a CUDA graph; the warm-up runs of
+    :func:`~specdec.graphs.capture_graph` do the compiling, outside the capture.
+
+    Args:
+        capture: the capture to apply after compiling (:func:`~specdec.graphs.capture_graph`, or
+            :func:`~specdec.graphs.capture_graph_ref` to run the compiled function without graphs).
+        **compile_kwargs: passed to ``torch.compile`` (e.g. ``backend=``, ``mode=``).
+
+    Returns:
+        ``capture_fn(fn, inputs) -> CapturedStep``.
+    """
+    def capture_compiled(fn, inputs):
+        return capture(torch.compile(fn, dynamic=False, **compile_kwargs), inputs)
+    return capture_compiled
+
+
+class StaticCacheState(NamedTuple):
+    """The static cache's bookkeeping (the tensors live in the adapter's buffers).
+
+    A state is **consumed** by the adapter call it is passed to; reusing it raises
+    :class:`~specdec.adapter.ConsumedStateError`.
+
+    Attributes:
+        valid: Shape ``[B, Lmax]`` bool, the adapter's buffer: slot ``s < Lc`` holds a real token (updated in place).
+        committed: ``Lc``, committed slots (host int; every row shares the write pointer).
+        lengths: Shape ``[B]`` int64, committed tokens per row (= position id of the next token).
+        pending_parents: Shape ``[B, P]`` int64, as :class:`~specdec.adapter.CacheState`.
+        pending_present: Shape ``[B, P]`` bool, as :class:`~specdec.adapter.CacheState`.
+        ticket: the consumption guard.
+    """
+
+    valid: torch.Tensor
+    committed: int
+    lengths: torch.Tensor
+    pending_parents: torch.Tensor
+    pending_present: torch.Tensor
+    ticket: _Ticket | None = None
+
+    @property
+    def committed_valid(self) -> torch.Tensor:
+        """Shape ``[B, Lc]`` bool: which committed slots hold real tokens (a view of ``valid``)."""
+        return self.valid[:, :self.committed]
+
+    @property
+    def num_pending(self) -> int:
+        """``P``: slots written since the last commit."""
+        return self.pending_parents.shape[1]
+
+
+class _Buffers(NamedTuple):
+    """One batch size's preallocated tensors and the graphs captured on them."""
+
+    cache: object          # slot_cache(...)
+    valid: torch.Tensor    # [B, Lmax] bool
+    runners: dict          # bucket -> CapturedStep
+    high_water: dict       # bucket -> first mask column never written as visible since the last reset
+    arange: torch.Tensor   # [largest bucket] int64, for the write slots
+
+
+class _Store:
+    """Where an adapter keeps its buffers; shared between adapters of one model (see :func:`target_adapter`).
+
+    It references no model, so keeping it per model (weakly keyed) never keeps the model alive: a CUDA graph
+    replay references its memory, not the Python objects it was captured from.
+    """
+
+    __slots__ = ("buffers", "live")
+
+    def __init__(self) -> None:
+        self.buffers: _Buffers | None = None
+        self.live: _Ticket | None = None  # the ticket of the newest state on these buffers: a prefill spends it
+
+
+def static_support(model: nn.Module) -> str | None:
+    """Why ``model`` cannot run on the static path, or ``None`` when it can.
+
+    The static path needs full attention in every layer through HF's ``Cache.update`` (no sliding window, no
+    linear-attention / hybrid layers), a model that declares static shapes (``_can_compile_fullgraph``), and a
+    forward without host syncs (no ``dynamic`` / ``longrope`` RoPE, which reads ``max(position_ids)``).
+
+    Args:
+        model: an HF causal LM.
+
+    Returns:
+        A short reason, or ``None``.
+    """
+    config = getattr(model, "config", None)
+    if getattr(model, "_can_compile_fullgraph", True) is False:
+        return f"{type(model).__name__} declares no static-shape support (_can_compile_fullgraph=False)"
+    types = getattr(config, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        kinds = sorted({t for t in types if t != "full_attention"})
+        return f"its layers are not all full attention ({', '.join(kinds)})"
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    if window is not None:
+        return f"it uses a sliding window ({window})"
+    if getattr(config, "is_encoder_decoder", False):
+        return "it is an encoder-decoder model"
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, name, None)
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        if kind in ("dynamic", "longrope"):  # their frequencies follow max(position_ids): a host sync per forward
+            return f"its {kind} RoPE reads the longest position on the host at every forward"
+    return None
+
+
+class StaticAdapter:
+    """Run an HF causal LM on trees of tokens over a preallocated KV cache, one captured forward per bucket.
+
+    Same surface as :class:`~specdec.adapter.ModelAdapter` (see the module docstring for the layout).
+
+    Args:
+        model: any ``transformers`` causal LM with full attention (``sdpa`` or ``eager``); see
+            :func:`static_support`.
+        feature_layers: HF ``hidden_states`` indices to return.
+        capacity: ``Lmax``, cache slots per row (:func:`capacity_for`).
+        buckets: padded forward sizes (ascending); forwards larger than the last run eagerly.
+        capture: how to capture a bucket's forward (default: :func:`~specdec.graphs.capture_graph` on CUDA,
+            eager :func:`~specdec.graphs.capture_graph_ref` elsewhere).
+        role: how errors name the model.
+
+    Raises:
+        UnsupportedModelError: as :class:`~specdec.adapter.ModelAdapter`.
+        ValueError: ``capacity`` is not a positive int or a bucket is not a positive int.
+
+    Example:
+        >>> ad = StaticAdapter(model, capacity=capacity_for(T, 64, 64))      # doctest: +SKIP
+        >>> out, state = ad.prefill(input_ids, attention_mask)               # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, feature_layers: tuple[int, ...] = (), *, capacity: int,
+                 buckets: Sequence[int] = DEFAULT_BUCKETS, capture: Callable[..., CapturedStep] | None = None,
+                 role: str = "target"):
+        self._eager = ModelAdapter(model, feature_layers, role=role)
+        if not isinstance(capacity, int) or capacity < 2:
+            raise ValueError(f"capacity must be an int >= 2 (cache slots per row, see capacity_for), got {capacity!r}")
+        if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
+            raise ValueError(f"buckets must be positive ints, e.g. {DEFAULT_BUCKETS}, got {buckets!r}")
+        self.model = model
+        self.capacity = capacity
+        self.buckets = tuple(sorted(set(buckets)))
+        self._capture = capture
+        self._store = _Store()
+
+    # ------------------------------------------------------------------ ModelAdapter's read-only surface
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """HF ``hidden_states`` indices returned as features."""
+        return self._eager.feature_layers
+
+    @property
+    def vocab_size(self) -> int | None:
+        """``V``: the width of the model's logits."""
+        return self._eager.vocab_size
+
+    @property
+    def max_positions(self) -> int | None:
+        """The model's ``max_position_embeddings``."""
+        return self._eager.max_positions
+
+    @property
+    def captured_buckets(self) -> list[int]:
+        """The buckets whose forward has been captured for the current batch size."""
+        return sorted(self._store.buffers.runners) if self._store.buffers is not None else []
+
+    def check_positions(self, max_position: int) -> None:
+        """Raise a clear error if ``max_position`` is past what the model supports."""
+        self._eager.check_positions(max_position)
+
+    # ------------------------------------------------------------------ buffers
+    def _ensure_buffers(self, dynamic_cache, batch: int, device: torch.device) -> _Buffers:
+        """The buffers for this batch size and layer shapes (reused, graphs included, when they match)."""
+        shapes = []
+        for layer in dynamic_cache.layers:
+            keys = getattr(layer, "keys", None)
+            if keys is None or keys.dim() != 4 or getattr(layer, "is_sliding", False):
+                raise UnsupportedModelError(
+                    f"{type(self.model).__name__}: a cache layer is not a full-attention key/value layer, so the "
+                    f"static path cannot hold it; call generate(..., fast=False) for this model")
+            shapes.append(((batch, keys.shape[1], self.capacity, keys.shape[3]), keys.dtype))
+        buf = self._store.buffers
+        if buf is not None:
+            same = [(tuple(la.keys.shape), la.keys.dtype) for la in buf.cache.layers] == shapes
+            if same and buf.valid.device == device:
+                return buf
+        cache = slot_cache(shapes, device)
+        valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
+        self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
+                                       arange=torch.arange(self.buckets[-1], device=device))
+        return self._store.buffers
+
+    def _capture_fn(self) -> Callable[..., CapturedStep]:
+        if self._capture is not None:
+            return self._capture
+        device = self._store.buffers.valid.device
+        if device.type == "cuda":
+            return capture_graph
+        return lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0)
+
+    def _step_fn(self, cache) -> Callable:
+        """The captured function: one model call writing at ``slots``; returns ``(logits, features)``."""
+        def run(tokens, positions, mask, slots):
+            cache.slots = slots
+            out = self._eager._run(tokens, mask, positions, cache, tree=True)
+            return out.logits, out.features
+        return run
+
+    # ------------------------------------------------------------------ API
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                *, last_logits_only: bool = True) -> tuple[ForwardOutput, StaticCacheState]:
+        """Run the prompt eagerly (HF's own pass, as :meth:`ModelAdapter.prefill`) and copy it into the static cache.
+
+        Args:
+            input_ids: Shape ``[B, T]``, left-padded prompts.
+            attention_mask: Shape ``[B, T]``, 1 for real tokens (default: all real).
+            last_logits_only: return logits for the last position only (``[B, 1, V]``).
+
+        Returns:
+            ``(ForwardOutput, StaticCacheState)`` with ``Lc = T``.
+
+        Raises:
+            CapacityError: ``T + 1`` slots do not fit in ``capacity``.
+        """
+        B, T = input_ids.shape
+        if T + 1 > self.capacity:
+            raise CapacityError(f"the prompt ({T} tokens) does not fit in the static cache of {self.capacity} slots "
+                                f"per row: build the adapter with a larger capacity (capacity_for(T, ...)).")
+        live = self._store.live
+        if live is not None and live.spent_by is None:
+            live.spent_by = "prefill"  # the buffers are about to be overwritten
+        out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
+        buf = self._ensure_buffers(dyn.cache, B, input_ids.device)
+        for static, layer in zip(buf.cache.layers, dyn.cache.layers):
+            static.keys[:, :, :T].copy_(layer.keys)
+            static.values[:, :, :T].copy_(layer.values)
+        buf.valid[:, :T].copy_(dyn.committed_valid)
+        empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
+        return out, StaticCacheState(valid=buf.valid, committed=T, lengths=dyn.lengths, pending_parents=empty,
+                                     pending_present=empty.bool(), ticket=self._issue())
+
+    def _issue(self) -> _Ticket:
+        self._store.live = _Ticket()
+        return self._store.live
+
+    def _check_state(self, state: StaticCacheState) -> _Buffers:
+        buf = self._store.buffers
+        if buf is None or state.valid is not buf.valid:
+            raise ValueError("this state belongs to other buffers (another adapter, or an earlier batch size): "
+                             "continue from the state this adapter's prefill() returned")
+        return buf
+
+    def _run_bucket(self, buf: _Buffers, state: StaticCacheState, tokens, parents, positions, present):
+        """Pad the new nodes to their bucket, build the mask in place, run (or replay) the bucket's forward."""
+        B, M = tokens.shape
+        P, Lc = state.num_pending, state.committed
+        size = bucket_for(M, self.buckets)
+        start = Lc + P
+        if start + size > self.capacity:
+            raise CapacityError(
+                f"the static cache is full: {Lc} committed + {P} pending + {size} new slots (bucket of {M} nodes) "
+                f"> capacity {self.capacity}. Build the adapter with a larger capacity (generate(fast=True) sizes it "
+                f"from the prompt, max_new_tokens and the largest bucket).")
+        runner = buf.runners.get(size) if size <= self.buckets[-1] else None
+        if runner is not None:
+            tok_s, pos_s, mask_s, slot_s = runner.inputs
+        else:
+            device = tokens.device
+            tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
+            pos_s = torch.zeros(B, size, dtype=torch.long, device=device)
+            mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(self.model.dtype).min,
+                                dtype=self.model.dtype, device=device)
+            slot_s = torch.zeros(size, dtype=torch.long, device=device)
+        tok_s[:, :M].copy_(tokens)
+        pos_s[:, :M].copy_(positions)
+        if size > M:  # padding nodes: absent (parent -1), each sees only itself
+            pad = torch.full((B, size - M), -1, dtype=parents.dtype, device=parents.device)
+            all_parents = torch.cat([state.pending_parents, parents, pad], 1)
+            present = torch.cat([present, pad >= 0], 1)
+        else:
+            all_parents = torch.cat([state.pending_parents, parents], 1)
+        end = start + size
+        tree_mask(state.committed_valid, all_parents, present, self.model.dtype, out=mask_s[:, :, :, :end])
+        # Columns past `end` must hide their (free) slots; they were written only by an earlier, wider forward.
+        high = buf.high_water.get(size, 0) if runner is not None else 0
+        if high > end:
+            mask_s[:, :, :, end:high].fill_(torch.finfo(self.model.dtype).min)
+        if size <= buf.arange.shape[0]:
+            torch.add(buf.arange[:size], start, out=slot_s)
+        else:
+            slot_s.copy_(torch.arange(start, end, device=slot_s.device))
+        inputs = (tok_s, pos_s, mask_s, slot_s)
+        if size > self.buckets[-1]:  # beyond every bucket: eagerly, at its own size
+            logits, feats = self._step_fn(buf.cache)(*inputs)
+        else:
+            if runner is None:
+                runner = buf.runners[size] = self._capture_fn()(self._step_fn(buf.cache), inputs)
+                inputs = runner.inputs
+            buf.high_water[size] = end
+            logits, feats = runner(*inputs)  # the static inputs themselves: copy_ onto itself is skipped
+        if size > M:
+            logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
+        return ForwardOutput(logits=logits, features=tuple(feats))
+
+    @torch.no_grad()
+    def forward(self, state: StaticCacheState, tokens: torch.Tensor, parents: torch.Tensor,
+                positions: torch.Tensor, present: torch.Tensor | None = None
+                ) -> tuple[ForwardOutput, StaticCacheState]:
+        """Run new pending nodes (padded to a bucket); each sees the valid committed slots, its ancestors and itself.
+
+        Args:
+            state: the cache state (consumed).
+            tokens: Shape ``[B, M]``, the new nodes' tokens.
+            parents: Shape ``[B, M]`` int64, parent of each new node as a pending index (``P`` existing pending
+                slots, then these ``M``), or ``-1`` for a node on the committed prefix.
+            positions: Shape ``[B, M]`` int64, position ids.
+            present: Shape ``[B, M]`` bool, absent nodes see only themselves and are never kept.
+
+        Returns:
+            ``(ForwardOutput, state)``: logits ``[B, M, V]``, features ``[B, M, H]``; ``M`` more pending slots.
+
+        Raises:
+            CapacityError: the padded forward does not fit in the remaining slots.
+        """
+        buf = self._check_state(state)
+        _consume(state, "forward")
+        if present is None:
+            present = torch.ones_like(tokens, dtype=torch.bool)
+        out = self._run_bucket(buf, state, tokens, parents, positions, present)
+        return out, state._replace(pending_parents=torch.cat([state.pending_parents, parents], 1),
+                                   pending_present=torch.cat([state.pending_present, present], 1), ticket=self._issue())
+
+    @torch.no_grad()
+    def decode(self, state: StaticCacheState, tokens: torch.Tensor) -> tuple[ForwardOutput, StaticCacheState]:
+        """Run one token per row and keep it (the bucket-1 forward; nothing to compact).
+
+        Args:
+            state: a state with no pending slots (consumed).
+            tokens: Shape ``[B]`` int64, each row's next token (the root).
+
+        Returns:
+            ``(ForwardOutput, state)``: logits ``[B, 1, V]``, features ``[B, 1, H]``; one more committed slot.
+        """
+        if state.num_pending:
+            raise ValueError(f"decode() needs a state with no pending slots, this one has {state.num_pending}: "
+                             f"commit() the pending tree first")
+        buf = self._check_state(state)
+        _consume(state, "decode")
+        B = tokens.shape[0]
+        root = torch.full((B, 1), -1, dtype=torch.long, device=tokens.device)
+        out = self._run_bucket(buf, state, tokens[:, None], root, state.lengths[:, None], root < 0)
+        Lc = state.committed
+        buf.valid[:, Lc] = True
+        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue())
+
+    @torch.no_grad()
+    def commit(self, state: StaticCacheState, keep: torch.Tensor, counts: torch.Tensor, *,
+               prefix: bool | None = None, full: bool | None = None) -> StaticCacheState:
+        """Keep, per row, a path of pending slots as committed tokens, moved in place inside the static tensors.
+
+        Args:
+            state: a state with ``P`` pending slots (consumed).
+            keep: Shape ``[B, A]`` int64, pending indices to keep, in sequence order, ``-1`` padded.
+            counts: Shape ``[B]`` int64, real entries of ``keep`` per row.
+            prefix: whether every row keeps a prefix of its pending slots (nothing moves), if the caller knows;
+                ``None``: found out with one host sync.
+            full: accepted for :class:`~specdec.adapter.ModelAdapter` compatibility (holes are masked through
+                ``valid`` either way).
+
+        Returns:
+            The state with no pending slots and ``Lc + A`` committed slots.
+        """
+        buf = self._check_state(state)
+        _consume(state, "commit")
+        B, A = keep.shape
+        Lc, P = state.committed, state.num_pending
+        if A > P:
+            raise ValueError(f"commit() keeps {A} slots per row but only {P} are pending: keep at most the pending "
+                             f"slots (VerifyResult.accepted_nodes cut to the widest count)")
+        if A:
+            layers = buf.cache.layers
+            # In place: the captured graphs read these very tensors.
+            compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True,
+                       prefix=prefix)
+            buf.valid[:, Lc:Lc + A] = torch.arange(A, device=keep.device)[None, :] < counts[:, None]
+        empty = torch.empty(B, 0, dtype=torch.long, device=keep.device)
+        return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
+                              pending_present=empty.bool(), ticket=self._issue())
+
+
+# ---------------------------------------------------------------------- choosing the adapter in generate()
+
+_STORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: bool, prompt_len: int,
+                   max_new_tokens: int, buckets: Sequence[int] = DEFAULT_BUCKETS):
+    """The target adapter ``generate()`` uses: :class:`StaticAdapter` when ``fast`` and the model supports it.
+
+    With ``fast=True`` and a model :func:`static_support` refuses, warns once (naming why) and returns the eager
+    :class:`~specdec.adapter.ModelAdapter`: never a wrong result. On CUDA the static buffers and the graphs
+    captured on them are kept per model (weakly: they do not keep the model alive) and feature layers, and reused
+    by later calls with the same batch size whose sequences fit their capacity; elsewhere nothing is kept.
+
+    Args:
+        model: the target, an HF causal LM.
+        feature_layers: HF ``hidden_states`` indices the drafter reads.
+        fast: choose the static path.
+        prompt_len: ``T``, the padded prompt length.
+        max_new_tokens: new tokens per row.
+        buckets: padded forward sizes.
+
+    Returns:
+        A :class:`StaticAdapter` or a :class:`~specdec.adapter.ModelAdapter`.
+    """
+    if not fast:
+        return ModelAdapter(model, feature_layers)
+    reason = static_support(model)
+    if reason is not None:
+        warnings.warn(f"generate(fast=True): {type(model).__name__} falls back to the eager path: {reason}.",
+                      stacklevel=3)
+        return ModelAdapter(model, feature_layers)
+    capacity = capacity_for(prompt_len, max_new_tokens, max(buckets))
+    if not next(model.parameters()).is_cuda:
+        return StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
+    store = _STORES.setdefault(model, {}).setdefault((tuple(feature_layers), tuple(sorted(set(buckets)))), _Store())
+    if store.buffers is not None:  # keep the held buffers (and graphs) when the run fits in them
+        capacity = max(capacity, store.buffers.valid.shape[1])
+    adapter = StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
+    adapter._store = store
+    return adapter
+
+
+def fast_drafter(drafter):
+    """``drafter`` wrapped by :func:`specdec.graphs.cuda_graphed` when it is graphable and not wrapped yet.
+
+    The wrapper is kept per drafter, so graphs captured in one ``generate()`` call replay in the next.
+
+    Args:
+        drafter: a :class:`~specdec.drafters.Drafter` or ``None``.
+
+    Returns:
+        The drafter to use.
+    """
+    from .graphs import GraphableDrafter, GraphedDrafter, cuda_graphed
+
+    if drafter is None or isinstance(drafter, GraphedDrafter) or not isinstance(drafter, GraphableDrafter):
+        return drafter
+    try:
+        wrapped = _DRAFTERS.get(drafter)
+        if wrapped is None:
+            wrapped = _DRAFTERS[drafter] = cuda_graphed(drafter)
+    except TypeError:  # not weak-referenceable
+        wrapped = cuda_graphed(drafter)
+    return wrapped
+
+
+_DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

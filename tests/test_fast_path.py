@@ -1,0 +1,340 @@
+"""The fast path (specdec/static.py): StaticAdapter against ModelAdapter, generate(fast=True) against fast=False.
+
+CPU runs the static code eagerly; the tests marked ``gpu`` run the same checks with the bucket forwards captured as
+CUDA graphs (skipped without CUDA).
+"""
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+
+import pytest
+import torch
+from tiny_models import VOCAB, noisy_copy, random_forest, tiny_model
+
+from specdec import recipes
+from specdec.adapter import ConsumedStateError, ModelAdapter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.generate import generate
+from specdec.graphs import capture_graph, capture_graph_ref
+from specdec.heads import Eagle1Head
+from specdec.kernels import tree_mask_ref
+from specdec.sampling import PredrawnNoise, TorchSource
+from specdec.static import (
+    CapacityError,
+    StaticAdapter,
+    bucket_for,
+    capacity_for,
+    compiled_capture,
+    static_support,
+    target_adapter,
+)
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs a CUDA GPU")])
+DEVICES = ["cpu", CUDA]
+TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+
+
+def _prompts(batch: int, device: str = "cpu", seed: int = 0, T: int = 10):
+    """Left-padded prompts with a repeated motif (prompt lookup finds matches); row b has 2 * (b % 3) pads."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(batch, T, dtype=torch.long)
+    mask = torch.zeros(batch, T, dtype=torch.long)
+    for b in range(batch):
+        n = T - (b % 3) * 2
+        motif = torch.randint(1, VOCAB, (4,), generator=g)
+        ids[b, T - n:] = motif.repeat(T // 4 + 1)[:n]
+        mask[b, T - n:] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _random_path(parents: list[int]) -> list[int]:
+    """A root-to-node path (pending indices) through one row's forest, ending at a random present node."""
+    present = [i for i, p in enumerate(parents) if i == 0 or p >= 0]
+    node, path = random.Random(len(parents) + sum(parents)).choice(present), []
+    while node >= 0:
+        path.append(node)
+        node = parents[node] if node else -1
+    return path[::-1]
+
+
+def _tree_inputs(state, parents: torch.Tensor, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    B, N = parents.shape
+    present = parents >= 0
+    present[:, 0] = True
+    tokens = torch.randint(0, VOCAB, (B, N), generator=g).to(parents.device)
+    positions = tree_mask_ref(state.committed_valid, parents, present, torch.float32, lengths=state.lengths).positions
+    return tokens, positions, present
+
+
+def _assert_same(a, b, atol=2e-5):
+    torch.testing.assert_close(a.logits, b.logits, atol=atol, rtol=1e-5)
+    assert len(a.features) == len(b.features)
+    for fa, fb in zip(a.features, b.features):
+        torch.testing.assert_close(fa, fb, atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_forwards_ragged_commits_and_decodes_equal_model_adapter(device):
+    model = tiny_model("llama").to(device)
+    eager = ModelAdapter(model, (0, 1, 2))
+    ids, mask = _prompts(3, device)
+    fast = StaticAdapter(model, (0, 1, 2), capacity=capacity_for(ids.shape[1], 40, 64))
+    out_e, st_e = eager.prefill(ids, mask)
+    out_f, st_f = fast.prefill(ids, mask)
+    _assert_same(out_e, out_f, atol=0)  # the same eager HF pass
+    rng = random.Random(0)
+    for step, nodes in enumerate([6, 2, 13]):  # buckets 8, 4, 16: padding in each
+        parents = random_forest(rng, 3, nodes).to(device)
+        tokens, positions, present = _tree_inputs(st_e, parents, step)
+        out_e, st_e = eager.forward(st_e, tokens, parents, positions, present)
+        out_f, st_f = fast.forward(st_f, tokens, parents, positions, present)
+        _assert_same(out_e, out_f)
+        # Ragged accepted paths (row 1 keeps nothing: a hole across the whole width).
+        paths = [_random_path(row) for row in parents.tolist()]
+        paths[1] = []
+        width = max(len(p) for p in paths)
+        keep = torch.tensor([p + [-1] * (width - len(p)) for p in paths], device=device)
+        counts = torch.tensor([len(p) for p in paths], device=device)
+        st_e = eager.commit(st_e, keep, counts)
+        st_f = fast.commit(st_f, keep, counts)
+        assert torch.equal(st_e.committed_valid, st_f.committed_valid)
+        assert torch.equal(st_e.lengths, st_f.lengths)
+        roots = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(step)).to(device)
+        out_e, st_e = eager.decode(st_e, roots)
+        out_f, st_f = fast.decode(st_f, roots)
+        _assert_same(out_e, out_f)
+    assert fast.captured_buckets == [1, 4, 8, 16]
+
+
+def test_padding_nodes_and_buckets():
+    assert [bucket_for(m, (1, 2, 4, 8)) for m in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]
+    assert capacity_for(10, 20, 64) == 128 and capacity_for(0, 1, 62) == 64
+    # A forward past the largest bucket runs eagerly at its own size and still equals ModelAdapter.
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    eager, fast = ModelAdapter(model), StaticAdapter(model, capacity=64, buckets=(1, 2))
+    _, st_e = eager.prefill(ids, mask)
+    _, st_f = fast.prefill(ids, mask)
+    parents = random_forest(random.Random(1), 2, 4)
+    tokens, positions, present = _tree_inputs(st_e, parents, 0)
+    out_e, _ = eager.forward(st_e, tokens, parents, positions, present)
+    out_f, _ = fast.forward(st_f, tokens, parents, positions, present)
+    _assert_same(out_e, out_f)
+    assert fast.captured_buckets == []
+
+
+def test_a_compiled_capture_gives_the_same_steps():
+    """torch.compile applied by the caller (dynamo with its eager backend here: the tracing, not the codegen)."""
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    runs = []
+    for capture in (None, compiled_capture(lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0),
+                                           backend="eager")):
+        adapter = StaticAdapter(model, capacity=64, capture=capture)
+        out, state = adapter.prefill(ids, mask)
+        roots = out.logits[:, -1].argmax(-1)
+        for _ in range(3):
+            out, state = adapter.decode(state, roots)
+            roots = out.logits[:, -1].argmax(-1)
+        runs.append(out.logits)
+    torch.testing.assert_close(runs[0], runs[1])
+
+
+def test_capacity_is_checked_never_wrapped():
+    model = tiny_model("llama")
+    ids, mask = _prompts(2, T=10)
+    with pytest.raises(CapacityError, match="larger capacity"):
+        StaticAdapter(model, capacity=8).prefill(ids, mask)
+    fast = StaticAdapter(model, capacity=16, buckets=(1, 8))
+    _, state = fast.prefill(ids, mask)
+    tokens = torch.zeros(2, 7, dtype=torch.long)
+    parents = torch.arange(-1, 6).expand(2, -1)
+    with pytest.raises(CapacityError, match="10 committed \\+ 0 pending \\+ 8 new slots"):
+        fast.forward(state, tokens, parents, state.lengths[:, None] + torch.arange(7))
+
+
+def test_states_are_consumed_and_belong_to_their_adapter():
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    fast = StaticAdapter(model, capacity=64)
+    _, state = fast.prefill(ids, mask)
+    roots = torch.tensor([1, 2])
+    fast.decode(state, roots)
+    with pytest.raises(ConsumedStateError):
+        fast.decode(state, roots)
+    _, live = fast.prefill(ids, mask)
+    _, fresh = fast.prefill(ids, mask)  # a new prompt overwrites the buffers: the older live state is spent
+    with pytest.raises(ConsumedStateError, match="prefill"):
+        fast.decode(live, roots)
+    other = StaticAdapter(model, capacity=64)
+    other.prefill(ids, mask)
+    with pytest.raises(ValueError, match="other buffers"):
+        other.decode(fresh, roots)
+
+
+def _drafter(name, model):
+    if name == "plain":
+        return None
+    if name == "prompt_lookup":
+        return PromptLookupDrafter(max_ngram_size=3, num_drafts=5)
+    if name == "draft_model_tree":
+        return DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=3, tree=TREE)
+    torch.manual_seed(3)
+    head = Eagle1Head.from_target(model).float().to(next(model.parameters()).device)
+    return recipes.eagle2(head, total_tokens=10, depth=3, top_k=3)
+
+
+DRAFTERS = ["plain", "prompt_lookup", "draft_model_tree", "eagle2"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_greedy_fast_path_is_token_identical_to_the_eager_path(name, batch, device):
+    model = tiny_model("llama", scale=3.0).to(device)
+    ids, mask = _prompts(batch, device)
+    drafter = _drafter(name, model)
+    eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24, eos_token_id=[])
+    fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24, eos_token_id=[], fast=True)
+    assert torch.equal(eager.sequences, fast.sequences)
+    assert eager.stats.num_target_forwards == fast.stats.num_target_forwards
+    if name == "plain":  # and both are HF's greedy decoding
+        hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                            pad_token_id=0, eos_token_id=None)
+        assert torch.equal(fast.sequences, hf)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3", "gpt_neox", "phi3"])
+def test_other_architectures_run_the_static_path_with_the_same_tokens(arch):
+    model = tiny_model(arch, scale=3.0)
+    ids, mask = _prompts(3)
+    drafter = DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=3, tree=TREE)
+    runs = [generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=12, eos_token_id=[], fast=fast)
+            for fast in (False, True)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["plain", "draft_model_tree", "eagle2"])
+def test_sampling_makes_the_same_decisions_under_the_same_noise(name, device):
+    model = tiny_model("llama", scale=2.0).to(device)
+    ids, mask = _prompts(3, device)
+    drafter = _drafter(name, model)
+    runs = []
+    for fast in (False, True):
+        source = TorchSource(torch.Generator(device=device).manual_seed(7))
+        runs.append(generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, temperature=0.8,
+                             top_p=0.95, source=source, eos_token_id=[], fast=fast))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert runs[0].stats.tau == runs[1].stats.tau
+
+
+def test_predrawn_noise_replays_the_same_tokens_through_the_fast_path():
+    model = tiny_model("llama", scale=2.0)
+    ids, mask = _prompts(3)
+    drafter = DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=3, mode="sample")
+    g = torch.Generator().manual_seed(11)
+    uniforms, exps = torch.rand(4096, generator=g), torch.empty(1 << 17).exponential_(generator=g)
+    runs = [generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=12, temperature=1.0,
+                     source=PredrawnNoise(uniforms, exps), eos_token_id=[], fast=fast) for fast in (False, True)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+
+
+def test_unsupported_model_falls_back_with_one_warning_and_the_same_result():
+    model = tiny_model("mistral")
+    model.config.sliding_window = 256
+    assert "sliding window" in static_support(model)
+    assert static_support(tiny_model("llama")) is None
+    dynamic_rope = tiny_model("llama")
+    dynamic_rope.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert "dynamic RoPE" in static_support(dynamic_rope)
+    ids, mask = _prompts(2)
+    eager = generate(model, ids, attention_mask=mask, max_new_tokens=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = generate(model, ids, attention_mask=mask, max_new_tokens=8, fast=True)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "falls back to the eager path" in messages[0] and "sliding window" in messages[0]
+    assert torch.equal(eager.sequences, fast.sequences)
+    assert isinstance(target_adapter(model, (), fast=False, prompt_len=4, max_new_tokens=4), ModelAdapter)
+
+
+def test_generate_sizes_the_cache_for_the_longest_run():
+    model = tiny_model("llama")
+    ids, mask = _prompts(1, T=30)
+    adapter = target_adapter(model, (), fast=True, prompt_len=30, max_new_tokens=100)
+    assert isinstance(adapter, StaticAdapter) and adapter.capacity == capacity_for(30, 100, 128) == 320
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=100, eos_token_id=[], fast=True,
+                   drafter=DraftModelDrafter(copy.deepcopy(model), num_drafts=4))
+    assert out.num_new_tokens.tolist() == [100]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_replayed_bucket_graph_gives_the_eager_logits():
+    model = tiny_model("llama", layers=4).cuda()
+    ids, mask = _prompts(3, "cuda")
+    parents = random_forest(random.Random(2), 3, 20).cuda()
+    outs = []
+    for capture in (capture_graph, capture_graph_ref):
+        fast = StaticAdapter(model, (2,), capacity=128, capture=capture)
+        _, state = fast.prefill(ids, mask)
+        tokens, positions, present = _tree_inputs(state, parents, 0)
+        first, state2 = fast.forward(state, tokens, parents, positions, present)
+        state2 = fast.commit(state2, torch.zeros(3, 1, dtype=torch.long, device="cuda"),
+                             torch.ones(3, dtype=torch.long, device="cuda"))
+        again, _ = fast.forward(state2, tokens, parents, positions + 1, present)  # a replay, on the moved cache
+        outs.append((first, again))
+    for (g, r) in zip(outs[0], outs[1]):
+        _assert_same(g, r, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("drafter_name", ["plain", "draft_model_chain_sampled", "eagle2_dynamic_tree"])
+def test_sampled_law_through_the_captured_fast_path_equals_the_enumerated_target_law(drafter_name):
+    import test_generate_sampling as law_test
+
+    from specdec.testing import chi_square_test
+
+    target = copy.deepcopy(law_test.TARGET).cuda()
+    torch.manual_seed(5)
+    drafter = {"plain": lambda: None,
+               "draft_model_chain_sampled": lambda: DraftModelDrafter(noisy_copy(target, 0.5, 1), num_drafts=3,
+                                                                      mode="sample"),
+               "eagle2_dynamic_tree": lambda: recipes.eagle2(Eagle1Head.from_target(target), total_tokens=8,
+                                                             depth=2, top_k=3)}[drafter_name]()
+    params = law_test.PARAMS["T1"]
+    ids = law_test.PROMPT.expand(law_test.N, -1).contiguous().cuda()
+    out = generate(target, ids, drafter=drafter, max_new_tokens=law_test.NUM_TOKENS + 2,
+                   temperature=params.temperature, generator=torch.Generator(device="cuda").manual_seed(3),
+                   eos_token_id=[], fast=True)
+    T = ids.shape[1]
+    counts = {}
+    for row in map(tuple, out.sequences[:, T:T + law_test.NUM_TOKENS].tolist()):
+        counts[row] = counts.get(row, 0) + 1
+    fit = chi_square_test(counts, law_test._exact_law(law_test.TARGET, params))
+    assert fit.p_value > law_test.ALPHA, f"{drafter_name} through the fast path: {fit}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
+    import gc
+    import weakref
+
+    model = tiny_model("llama").cuda()
+    ids, mask = _prompts(2, "cuda")
+    first = target_adapter(model, (), fast=True, prompt_len=ids.shape[1], max_new_tokens=8)
+    generate(model, ids, attention_mask=mask, max_new_tokens=8, fast=True)
+    second = target_adapter(model, (), fast=True, prompt_len=ids.shape[1], max_new_tokens=8)
+    assert first is not second and first._store is second._store and second.captured_buckets == [1]
+    alive = weakref.ref(model)
+    del model, first, second
+    gc.collect()
+    assert alive() is None
