@@ -245,6 +245,18 @@ def test_gated_dspark_greedy_is_token_identical_to_plain_greedy(target, trained,
         assert spec.stats.tau > 1.0
 
 
+@pytest.mark.parametrize("arch", ["mistral", "qwen3", "gpt_neox", "phi3", "gemma"])
+def test_any_architecture_greedy_identity_with_fresh_heads(arch):
+    model = tiny_model(arch, seed=0)
+    ids, mask = _prompts(3)
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=12)
+    tree = [(0,), (1,), (0, 0)]
+    for drafter in (recipes.dflash(DFlashHead.from_target(model, block_size=4), tree),
+                    recipes.dspark(DSparkHead.from_target(model, block_size=4), tree)):
+        spec = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=12)
+        assert torch.equal(spec.sequences, plain.sequences), (arch, drafter)
+
+
 def test_trained_dspark_confidence_is_calibrated_at_level_one(target, trained, text):
     head = trained["dspark"]
     windows = text[:8, :40]
