@@ -15,7 +15,7 @@ from tiny_models import VOCAB, noisy_copy, tiny_model
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.generate import generate
 from specdec.sampling import TorchSource
-from specdec.static import StaticAdapter, capacity_for
+from specdec.static import CapacityError, StaticAdapter, capacity_for
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                         reason="needs a CUDA GPU")])
@@ -88,9 +88,12 @@ def test_sampled_drafts_make_the_same_decisions_under_the_same_seed(mode):
 def test_capacity_too_small_is_refused_and_unsupported_drafts_run_eagerly():
     model = tiny_model("llama")
     ids, mask = _prompts(1, "cpu", T=40)
-    small = DraftModelDrafter(copy.deepcopy(model), num_drafts=3, fast=True, capacity=64)
+    small = DraftModelDrafter(copy.deepcopy(model), num_drafts=3, fast=True, capacity=44)
     with pytest.raises(ValueError, match="capacity_for"):
         generate(model, ids, attention_mask=mask, drafter=small, max_new_tokens=8)
+    short = DraftModelDrafter(copy.deepcopy(model), num_drafts=3, fast=True, capacity=64)
+    with pytest.raises(CapacityError, match="full"):  # 40 + 30 tokens do not fit in 64 slots: refused, not wrapped
+        generate(model, ids, attention_mask=mask, drafter=short, max_new_tokens=30, eos_token_id=[])
     sized = DraftModelDrafter(copy.deepcopy(model), num_drafts=3, fast=True, capacity=capacity_for(40, 8, 128))
     generate(model, ids, attention_mask=mask, drafter=sized, max_new_tokens=8)
     assert sized.adapter.capacity == capacity_for(40, 8, 128)

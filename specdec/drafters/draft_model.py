@@ -23,6 +23,8 @@ from .base import Feedback, ProposeRequest
 __all__ = ["DraftModelDrafter", "DraftModelState", "left_compact"]
 
 _MODES = ("auto", "topk", "sample", "sample_iid")
+#: Padded forward sizes of the draft model on the fast path (chain levels: 1; pending tokens and tree levels: more).
+_DRAFT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def left_compact(values: torch.Tensor, keep: torch.Tensor, fill: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +100,7 @@ class DraftModelDrafter:
         capacity: with ``fast=True``, cache slots per row (``Lmax``; attention spans all of them every forward):
             at least prompt + new tokens + the widest forward + 1, e.g.
             ``capacity_for(prompt_len, max_new_tokens, 16)``. ``None``: the draft model's
-            ``max_position_embeddings`` plus the largest bucket, rounded up to 64 (never too small, but
+            ``max_position_embeddings`` plus 64, rounded up to 64 (never too small, but
             every forward then attends over that many slots).
 
     Each draft carries its :class:`~specdec.types.DraftScheme`, so ``generate()`` pairs it with the verifier
@@ -159,10 +161,10 @@ class DraftModelDrafter:
     def _fast_adapter(self, prompt_len: int):
         """The draft model's :class:`~specdec.static.StaticAdapter`, sized for ``prompt_len`` (or ``None``: eager).
 
-        Built once and kept (its buffers and captured graphs are reused by later runs of the same batch size that
-        fit); rebuilt only when a longer prompt needs more slots.
+        Built once and kept: its buffers and captured graphs are reused by later runs of the same batch size. A run
+        that outgrows ``capacity`` raises :class:`~specdec.static.CapacityError` (the cache never wraps around).
         """
-        from ..static import DEFAULT_BUCKETS, StaticAdapter, capacity_for, static_support
+        from ..static import StaticAdapter, capacity_for, static_support
 
         if self._static is False:
             return None
@@ -173,18 +175,15 @@ class DraftModelDrafter:
                               f"eagerly: {reason}.", stacklevel=3)
                 self._static = False
                 return None
-        largest = max(DEFAULT_BUCKETS)
-        if self.capacity is not None:
-            capacity = self.capacity
-        else:
-            max_positions = self.adapter.max_positions or 2048
-            capacity = capacity_for(max_positions, 0, largest)
-        if prompt_len + largest + 1 > capacity:
+        capacity = self.capacity
+        if capacity is None:
+            capacity = capacity_for(self.adapter.max_positions or 2048, 0, max(_DRAFT_BUCKETS))
+        if prompt_len + self.max_num_drafts + 2 > capacity:  # the prompt, then one step of pending tokens
             raise ValueError(f"DraftModelDrafter(fast=True, capacity={capacity}) cannot hold a prompt of "
-                             f"{prompt_len} tokens: pass capacity=capacity_for(prompt_len, max_new_tokens, 16) or "
-                             f"larger.")
+                             f"{prompt_len} tokens and a draft of {self.max_num_drafts}: pass "
+                             f"capacity=capacity_for(prompt_len, max_new_tokens, 16) or larger.")
         if self._static is None or self._static.capacity != capacity:
-            self._static = StaticAdapter(self.model, capacity=capacity, role="draft model")
+            self._static = StaticAdapter(self.model, capacity=capacity, buckets=_DRAFT_BUCKETS, role="draft model")
         return self._static
 
     def start(self, feedback: Feedback) -> DraftModelState:
