@@ -439,11 +439,13 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
 def short_table(rows: list[dict]) -> str:
     """A few columns, one line per row, for the end of the log."""
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
     lines = [f"{'batch':>5} {'method':<34} {'tok/s':>9} {'vs HF':>7} {'vs gf':>6} {'tau':>5}"]
     for r in rows:
-        lines.append(f"{r['batch']:>5} {r['method']:<34} {r['tokens_per_s']:>9.1f} "
-                     f"{(r['speedup_vs_hf'] or 0):>6.2f}x {(r['ratio_vs_gptfast'] or 0):>6.2f} "
-                     f"{(r['tau'] or 0):>5.2f}")
+        lines.append(f"{r['batch']:>5} {r['method']:<34} {r['tokens_per_s']:>9.1f} {f(r['speedup_vs_hf'], '.2f'):>7} "
+                     f"{f(r['ratio_vs_gptfast'], '.2f'):>6} {f(r['tau'], '.2f'):>5}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,65 @@
+"""examples/bench_fast.py: the CPU smoke mode runs every specdec row end to end; the gpt-fast conversion keeps the
+HF model's logits (when gpt-fast's files are at hand)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+
+def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
+    import bench_fast
+
+    out = bench_fast.main(["--quick", "--num-prompts", "2", "--prompt-tokens", "24", "--max-new-tokens", "5",
+                           "--batches", "2", "--warmup", "0", "--out", str(tmp_path)])
+    assert out["errors"] == {}
+    rows = {(r["batch"], r["method"]): r for r in out["rows"]}
+    expected = ["HF vanilla", "specdec eager plain", "specdec fast plain", "specdec fast SpS K=4",
+                "specdec fast SpS K=6", "specdec fast prompt lookup K=10", "specdec fast EAGLE-2",
+                "specdec fast EAGLE-3"]
+    assert [m for b, m in rows if b == 1] == expected
+    assert [m for b, m in rows if b == 2] == ["HF vanilla", "specdec eager plain", "specdec fast plain",
+                                              "specdec fast EAGLE-3"]
+    for r in out["rows"]:
+        assert r["tokens_per_s"] > 0 and r["ratio_vs_gptfast"] is None
+        assert r["same_as_hf"] == 1.0, r  # float32: every lossless method emits HF's greedy tokens
+        if r["method"] != "HF vanilla":
+            assert r["tau"] >= 1.0
+    assert rows[(1, "HF vanilla")]["speedup_vs_hf"] == 1.0
+    assert set(out["phases"]["phases_ms_per_step"]) >= {"draft", "target", "verify"}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["rows"]) == len(out["rows"]) and "gpt-fast" in saved["checks"][0]
+    assert (tmp_path / "results.md").read_text().count("| specdec fast EAGLE-3 |") == 2
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "results.png").stat().st_size > 0
+
+
+ANCHORS = os.environ.get("SPECDEC_ANCHORS", str(Path(__file__).resolve().parents[2] / "shared" / "anchors"))
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(ANCHORS, "gptfast", "model.py")),
+                    reason="gpt-fast's files are not at hand (set SPECDEC_ANCHORS to the anchors folder)")
+def test_conversion_to_gptfast_keeps_the_logits():
+    import importlib.util
+
+    import bench_fast
+
+    # gpt-fast's model.py alone, under its own name (its generate.py sets inductor options process-wide).
+    spec = importlib.util.spec_from_file_location("gptfast_model_under_test",
+                                                  os.path.join(ANCHORS, "gptfast", "model.py"))
+    gptfast_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gptfast_model)
+    target, draft, _ = bench_fast.quick_models("cpu")
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(0))
+    for hf in (target, draft):
+        converted = bench_fast.to_gptfast(hf, gptfast_model, "cpu", torch.float32)
+        converted.setup_caches(max_batch_size=1, max_seq_length=32)
+        with torch.no_grad():
+            torch.testing.assert_close(converted(ids, torch.arange(20)), hf(ids).logits, atol=2e-5, rtol=1e-4)
