@@ -12,7 +12,7 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
   compiled with ``torch.compile(mode="reduce-overhead", fullgraph=True)`` as the anchor does;
 - ``specdec eager plain`` / ``specdec fast plain``: :func:`specdec.generate` without a drafter, ``fast=False/True``;
 - ``specdec fast SpS K=4,6``: the draft model (``DraftModelDrafter(fast=True)``: the draft model on its own static
-  cache, graphed), target on the fast path;
+  cache, graphed), target on the fast path; and the first K once more with the draft model left eager;
 - ``specdec fast prompt lookup``: ``PromptLookupDrafter(fixed_width=True)`` (no host sync in ``propose``);
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
   parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` when given.
@@ -225,23 +225,35 @@ def specdec_run(target, drafter, new_tokens: int, *, fast: bool, profile: bool =
     return run
 
 
-def specdec_methods(target, draft, heads: dict, args, device) -> dict[str, Callable]:
-    """The specdec rows at batch 1 (drafters built once; the fast path keeps their graphs between calls)."""
+def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str, Callable]:
+    """The specdec rows at batch 1 (drafters built once; the fast path keeps their graphs between calls).
+
+    A drafter that cannot be built (e.g. a head of the wrong kind for its recipe) is recorded in ``errors``.
+    """
     n = args.max_new_tokens
     draft_capacity = capacity_for(args.prompt_tokens, n, 16)
-    methods = {"specdec eager plain": specdec_run(target, None, n, fast=False),
-               "specdec fast plain": specdec_run(target, None, n, fast=True)}
+    makers = {"specdec eager plain": (lambda: None, False), "specdec fast plain": (lambda: None, True)}
     for k in args.draft_k if draft is not None else ():
-        drafter = DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity)
-        methods[f"specdec fast SpS K={k}"] = specdec_run(target, drafter, n, fast=True)
-    methods[f"specdec fast prompt lookup K={args.lookup_k}"] = specdec_run(
-        target, PromptLookupDrafter(num_drafts=args.lookup_k, fixed_width=True), n, fast=True)
+        makers[f"specdec fast SpS K={k}"] = (
+            lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), True)
+    if draft is not None and args.draft_k:  # Part of the story: the same K with the draft model left eager
+        k = args.draft_k[0]
+        makers[f"specdec fast SpS K={k}, eager draft"] = (lambda: DraftModelDrafter(draft, num_drafts=k), True)
+    makers[f"specdec fast prompt lookup K={args.lookup_k}"] = (
+        lambda: PromptLookupDrafter(num_drafts=args.lookup_k, fixed_width=True), True)
     recipes = {"eagle2": ("EAGLE-2", sd.recipes.eagle2), "eagle3": ("EAGLE-3", sd.recipes.eagle3),
                "peagle": ("P-EAGLE", sd.recipes.peagle), "dflash": ("DFlash", sd.recipes.dflash),
                "dspark": ("DSpark", sd.recipes.dspark)}
     for key, head in heads.items():
         label, recipe = recipes[key]
-        methods[f"specdec fast {label}"] = specdec_run(target, recipe(head), n, fast=True)
+        makers[f"specdec fast {label}"] = (lambda recipe=recipe, head=head: recipe(head), True)
+    methods = {}
+    for name, (make, fast) in makers.items():
+        try:
+            methods[name] = specdec_run(target, make(), n, fast=fast)
+        except Exception as err:  # recorded; the other rows still run
+            errors[f"batch 1 {name}"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
     return methods
 
 
@@ -375,7 +387,8 @@ def checks(rows: list[dict]) -> list[str]:
             r = ours["tokens_per_s"] / theirs["tokens_per_s"]
             out.append(f"fast SpS K={k} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
                        f"{'ok' if r > 1 else 'MISS'}")
-    spec = [r for r in by.values() if r["method"].startswith("specdec fast") and "plain" not in r["method"]]
+    spec = [r for r in by.values() if r["method"].startswith("specdec fast") and "plain" not in r["method"]
+            and "eager draft" not in r["method"]]
     gspec = [r["tokens_per_s"] for r in by.values() if r["method"].startswith("gpt-fast SpS")]
     if spec and gspec:
         slow = [r["method"] for r in spec if r["tokens_per_s"] <= max(gspec)]
@@ -506,7 +519,7 @@ def main(argv=None) -> dict:
         except Exception as err:  # recorded; specdec rows still run
             errors["gpt-fast setup"] = f"{type(err).__name__}: {err}"
             traceback.print_exc()
-    methods.update(specdec_methods(target, draft, heads, args, device))
+    methods.update(specdec_methods(target, draft, heads, args, errors))
     timed = time_methods(methods, prompts, warmup=args.warmup, max_seconds=args.max_seconds, device=device,
                          errors=errors, label="batch 1")
     rows = summarise(timed, batch=1)
@@ -522,7 +535,11 @@ def main(argv=None) -> dict:
                    "specdec eager plain": specdec_run(target, None, n, fast=False),
                    "specdec fast plain": specdec_run(target, None, n, fast=True)}
         if "eagle3" in heads:
-            batched["specdec fast EAGLE-3"] = specdec_run(target, sd.recipes.eagle3(heads["eagle3"]), n, fast=True)
+            try:
+                batched["specdec fast EAGLE-3"] = specdec_run(target, sd.recipes.eagle3(heads["eagle3"]), n,
+                                                              fast=True)
+            except Exception as err:
+                errors[f"batch {batch} specdec fast EAGLE-3"] = f"{type(err).__name__}: {err}"
         timed_b = time_methods(batched, groups, warmup=min(args.warmup, 1), max_seconds=args.max_seconds,
                                device=device, errors=errors, label=f"batch {batch}")
         rows += summarise(timed_b, batch=batch)
