@@ -63,3 +63,25 @@ def test_conversion_to_gptfast_keeps_the_logits():
         converted.setup_caches(max_batch_size=1, max_seq_length=32)
         with torch.no_grad():
             torch.testing.assert_close(converted(ids, torch.arange(20)), hf(ids).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_summary_rates_and_the_issue_checks():
+    from bench_fast import Run, checks, summarise
+
+    same, other = [[1, 2, 3, 4]], [[1, 2, 3, 5]]
+    timed = {"HF vanilla": ([Run(same, None, 0)] * 2, 2.0),
+             "gpt-fast vanilla": ([Run(same, 3, 3)] * 2, 0.2),
+             "gpt-fast SpS K=4": ([Run(same, 1, 3)] * 2, 0.4),
+             "specdec fast plain": ([Run(same, 3, 3)] * 2, 0.25),
+             "specdec fast SpS K=4": ([Run(other, 1, 3)] * 2, 0.5),
+             "specdec fast EAGLE-3": ([Run(same, 1, 3), Run(other, 1, 3)], 0.1)}
+    rows = {r["method"]: r for r in summarise(timed, batch=1)}
+    assert rows["HF vanilla"]["tokens_per_s"] == 4.0 and rows["HF vanilla"]["tau"] is None
+    assert rows["gpt-fast vanilla"]["speedup_vs_hf"] == 10.0 and rows["gpt-fast vanilla"]["ratio_vs_gptfast"] == 1.0
+    assert rows["specdec fast EAGLE-3"]["ratio_vs_gptfast"] == 2.0 and rows["specdec fast EAGLE-3"]["tau"] == 3.0
+    assert rows["specdec fast EAGLE-3"]["same_as_gptfast"] == 0.5 and rows["specdec fast SpS K=4"]["same_as_hf"] == 0
+    lines = checks(list(rows.values()))
+    assert lines[0].startswith("fast plain time / gpt-fast vanilla time = 1.25") and lines[0].endswith("MISS")
+    assert lines[1].startswith("fast EAGLE-3 / gpt-fast vanilla tokens/s = 2.00") and lines[1].endswith("ok")
+    assert lines[2].startswith("fast SpS K=4 / gpt-fast SpS K=4 tokens/s = 0.80") and lines[2].endswith("MISS")
+    assert lines[3].endswith("MISS (specdec fast SpS K=4)")
