@@ -159,7 +159,7 @@ class DraftModelDrafter:
 
     # ------------------------------------------------------------------ protocol
     def _fast_adapter(self, prompt_len: int):
-        """The draft model's :class:`~specdec.static.StaticAdapter`, sized for ``prompt_len`` (or ``None``: eager).
+        """The draft model's :class:`~specdec.static.StaticAdapter`, checked to hold ``prompt_len`` (``None``: eager).
 
         Built once and kept: its buffers and captured graphs are reused by later runs of the same batch size. A run
         that outgrows ``capacity`` raises :class:`~specdec.static.CapacityError` (the cache never wraps around).
