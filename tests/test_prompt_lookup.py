@@ -153,8 +153,9 @@ def test_a_decoding_loop_uses_generated_tokens():
     assert proposals(draft) == [[1, 2, 3]]
 
 
+@pytest.mark.parametrize("early_exit", [True, False])
 @pytest.mark.parametrize("most_recent", [True, False])
-def test_vectorised_search_matches_the_reference(most_recent):
+def test_vectorised_search_matches_the_reference(most_recent, early_exit):
     gen = torch.Generator().manual_seed(0)
     for trial in range(40):
         batch, width = 1 + trial % 5, 1 + trial * 3
@@ -162,7 +163,7 @@ def test_vectorised_search_matches_the_reference(most_recent):
         lengths = torch.randint(0, width + 1, (batch,), generator=gen)
         k = trial % 6
         args = (sequences, lengths, k, 1 + trial % 4, 1)
-        got = find_ngram_continuations(*args, most_recent=most_recent)
+        got = find_ngram_continuations(*args, most_recent=most_recent, early_exit=early_exit)
         want = find_ngram_continuations_ref(*args, most_recent=most_recent)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (trial, sequences, lengths)
 
@@ -180,3 +181,44 @@ def test_bad_input_is_refused_with_the_fix():
         drafter.propose(state, request([1, 2], 2))
     with pytest.raises(ValueError, match="call start"):
         drafter.update(state, feedback([[1], [2]], roots=[1, 2]))
+
+
+def test_fixed_width_proposes_the_same_chains_padded_to_k():
+    rows, roots = [[5, 6, 7, 8, 5, 6, 7], [1, 2, 3], [4, 4, 4, 4]], [8, 9, 4]
+    narrow, narrow_draft = propose(rows, roots, 6)
+    wide, wide_draft = propose(rows, roots, 6, drafter=PromptLookupDrafter(num_drafts=10, fixed_width=True))
+    assert wide == narrow and any(narrow)
+    assert wide_draft.tokens.shape[1] == 6 > narrow_draft.tokens.shape[1]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_fixed_width_generates_the_same_tokens(fast):
+    from tiny_models import tiny_model
+
+    from specdec.generate import generate
+
+    model = tiny_model("llama", scale=3.0)
+    ids = torch.tensor([[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [0, 0, 7, 8, 9, 7, 8, 9, 7, 8]])
+    mask = (torch.arange(10) >= torch.tensor([[0], [2]])).long()
+    runs = [generate(model, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[], fast=fast,
+                     drafter=PromptLookupDrafter(num_drafts=5, fixed_width=wide)) for wide in (False, True)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert runs[0].stats.num_target_forwards == runs[1].stats.num_target_forwards
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fixed_width_propose_never_synchronises():
+    drafter = PromptLookupDrafter(num_drafts=6, fixed_width=True)
+    fb = feedback([[5, 6, 7, 8, 5, 6, 7], [1, 2, 3]], [8, 9])
+    fb = fb._replace(**{name: getattr(fb, name).cuda() for name in ("tokens", "valid", "roots")})
+    state = drafter.start(fb)
+    req = request([8, 9], 6)
+    req = req._replace(roots=req.roots.cuda(), active=req.active.cuda())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        draft, _ = drafter.propose(state, req)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert proposals(draft) == propose([[5, 6, 7, 8, 5, 6, 7], [1, 2, 3]], [8, 9], 6)[0]

@@ -9,6 +9,7 @@ References:
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -22,6 +23,8 @@ from .base import Feedback, ProposeRequest
 __all__ = ["DraftModelDrafter", "DraftModelState", "left_compact"]
 
 _MODES = ("auto", "topk", "sample", "sample_iid")
+#: Padded forward sizes of the draft model on the fast path (chain levels: 1; pending tokens and tree levels: more).
+_DRAFT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def left_compact(values: torch.Tensor, keep: torch.Tensor, fill: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +62,8 @@ class DraftModelState(NamedTuple):
     place); a call that touches the cache of a reused state raises :class:`~specdec.adapter.ConsumedStateError`.
 
     Attributes:
-        cache: the draft model's cache.
+        cache: the draft model's cache (a :class:`~specdec.adapter.CacheState`, or a
+            :class:`~specdec.static.StaticCacheState` with ``fast=True``).
         pending_tokens: Shape ``[B, P0]``, committed tokens the draft model has not run yet, left-aligned
             (the last real one is the root).
         pending_counts: Shape ``[B]``, real entries of ``pending_tokens``.
@@ -67,7 +71,7 @@ class DraftModelState(NamedTuple):
         num_forwards: draft-model forwards so far.
     """
 
-    cache: CacheState
+    cache: CacheState  # or StaticCacheState (fast=True)
     pending_tokens: torch.Tensor
     pending_counts: torch.Tensor
     node_slots: torch.Tensor | None
@@ -88,13 +92,23 @@ class DraftModelDrafter:
             ``"sample"`` (children sampled without replacement — a chain is then plain sampling; verified by
             recursive rejection sampling), ``"sample_iid"`` (children sampled i.i.d.; SpecInfer verification),
             or ``"auto"``: ``"topk"`` when greedy, ``"sample"`` otherwise.
+        fast: run the draft model on the fast path (:class:`~specdec.static.StaticAdapter`): a preallocated KV
+            cache and, on CUDA, one captured CUDA graph per padded forward size. Each level of a chain is a
+            one-token forward (a bucket-1 replay); the pending committed tokens are one bucketed forward; the
+            commit moves the kept entries in place. Same drafts as ``fast=False`` (float32). A draft model the
+            static path refuses (see :func:`~specdec.static.static_support`) runs eagerly after one warning.
+        capacity: with ``fast=True``, cache slots per row (``Lmax``; attention spans all of them every forward):
+            at least prompt + new tokens + the widest forward + 1, e.g.
+            ``capacity_for(prompt_len, max_new_tokens, 16)``. ``None``: the draft model's
+            ``max_position_embeddings`` plus 64, rounded up to 64 (never too small, but
+            every forward then attends over that many slots).
 
     Each draft carries its :class:`~specdec.types.DraftScheme`, so ``generate()`` pairs it with the verifier
     that is exact for it.
     """
 
     def __init__(self, model, num_drafts: int | None = None, tree: Tree | list | str | None = None,
-                 mode: str = "auto"):
+                 mode: str = "auto", *, fast: bool = False, capacity: int | None = None):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         if tree is not None and not isinstance(tree, Tree):
@@ -110,6 +124,9 @@ class DraftModelDrafter:
                 f"refuses rather than clamps, so that the K you asked for is the K you get.")
         self.model = model
         self.adapter = ModelAdapter(model, role="draft model")
+        self.fast = fast
+        self.capacity = capacity
+        self._static = None  # the StaticAdapter (fast=True), built at the first start() and kept with its graphs
         self.tree = tree
         self.mode = mode
         self.max_num_drafts = num_drafts
@@ -141,8 +158,45 @@ class DraftModelDrafter:
         return self._trees[key]
 
     # ------------------------------------------------------------------ protocol
+    def _fast_adapter(self, prompt_len: int):
+        """The draft model's :class:`~specdec.static.StaticAdapter`, checked to hold ``prompt_len`` (``None``: eager).
+
+        Built once and kept: its buffers and captured graphs are reused by later runs of the same batch size. A run
+        that outgrows ``capacity`` raises :class:`~specdec.static.CapacityError` (the cache never wraps around).
+        """
+        from ..static import StaticAdapter, capacity_for, static_support
+
+        if self._static is False:
+            return None
+        if self._static is None:
+            reason = static_support(self.model)
+            if reason is not None:
+                warnings.warn(f"DraftModelDrafter(fast=True): the draft model {type(self.model).__name__} runs "
+                              f"eagerly: {reason}.", stacklevel=3)
+                self._static = False
+                return None
+        capacity = self.capacity
+        if capacity is None:
+            capacity = capacity_for(self.adapter.max_positions or 2048, 0, max(_DRAFT_BUCKETS))
+        if prompt_len + self.max_num_drafts + 2 > capacity:  # the prompt, then one step of pending tokens
+            raise ValueError(f"DraftModelDrafter(fast=True, capacity={capacity}) cannot hold a prompt of "
+                             f"{prompt_len} tokens and a draft of {self.max_num_drafts}: pass "
+                             f"capacity=capacity_for(prompt_len, max_new_tokens, 16) or larger.")
+        if self._static is None or self._static.capacity != capacity:
+            self._static = StaticAdapter(self.model, capacity=capacity, buckets=_DRAFT_BUCKETS, role="draft model")
+        return self._static
+
     def start(self, feedback: Feedback) -> DraftModelState:
-        """Run the prompt through the draft model; the first root becomes pending."""
+        """Run the prompt through the draft model; the first root becomes pending.
+
+        Args:
+            feedback: the prompt's :class:`Feedback` (``tokens`` and ``valid``, shape ``[B, T]``).
+
+        Returns:
+            The initial :class:`DraftModelState`.
+        """
+        if self.fast:
+            self.adapter = self._fast_adapter(feedback.tokens.shape[1]) or self.adapter
         _, cache = self.adapter.prefill(feedback.tokens, feedback.valid)
         return DraftModelState(cache=cache, pending_tokens=feedback.roots[:, None],
                                pending_counts=torch.ones_like(feedback.roots), node_slots=None, num_forwards=1)
@@ -248,6 +302,11 @@ class DraftModelDrafter:
         not_run[:, 0] = False
         pend, pcount = left_compact(torch.cat([feedback.tokens, feedback.roots[:, None]], 1),
                                     torch.cat([not_run, torch.ones(B, 1, dtype=torch.bool, device=device)], 1), 0)
-        width, pwidth = torch.stack([counts.max(), pcount.max()]).tolist()  # one host sync for both widths
-        cache = self.adapter.commit(state.cache, keep[:, :width], counts)
+        # The kept path is a prefix of the pending slots (nothing moves) when keep[b, j] == j for j < counts[b];
+        # it leaves no hole when every row keeps the widest count.
+        in_order = (keep == torch.arange(keep.shape[1], device=device)[None, :]) | (keep < 0)
+        # One host sync for both widths and the commit's two flags (so commit() need not sync again).
+        width, pwidth, prefix, full = torch.stack([counts.max(), pcount.max(), in_order.all().long(),
+                                                   (counts == counts.max()).all().long()]).tolist()
+        cache = self.adapter.commit(state.cache, keep[:, :width], counts, prefix=bool(prefix), full=bool(full))
         return state._replace(cache=cache, pending_tokens=pend[:, :pwidth], pending_counts=pcount, node_slots=None)

@@ -58,6 +58,7 @@ def find_ngram_continuations(
     min_ngram_size: int = 1,
     *,
     most_recent: bool = True,
+    early_exit: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the tokens that followed an earlier occurrence of the row's longest matching suffix n-gram.
 
@@ -74,6 +75,8 @@ def find_ngram_continuations(
         max_ngram_size: longest suffix tried, ``>= min_ngram_size``.
         min_ngram_size: shortest suffix tried, ``>= 1``.
         most_recent: pick the latest earlier occurrence (default) rather than the first.
+        early_exit: stop trying shorter n-grams once every row has matched (one host sync per ``n``); ``False``
+            tries them all and never synchronises (same result).
 
     Returns:
         ``(tokens, counts)``: ``tokens`` of shape ``[B, num_tokens]`` int64 (the continuation left-aligned,
@@ -117,7 +120,7 @@ def find_ngram_continuations(
             where = torch.where(matches, window_starts, num_windows).amin(dim=1)
         start = torch.where(found, where + n, start)
         # Host sync (one per n): skip the shorter n-grams once every row has matched.
-        if bool((start >= 0).all()):
+        if early_exit and bool((start >= 0).all()):
             break
     counts = torch.where(start >= 0, (lengths - start).clamp(max=num_tokens), 0)
     offsets = torch.arange(num_tokens, device=device)
@@ -135,6 +138,7 @@ def find_ngram_continuations_ref(
     min_ngram_size: int = 1,
     *,
     most_recent: bool = True,
+    early_exit: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-Python reference of :func:`find_ngram_continuations` (same signature and result), for tests.
 
@@ -145,6 +149,7 @@ def find_ngram_continuations_ref(
         max_ngram_size: longest suffix tried.
         min_ngram_size: shortest suffix tried.
         most_recent: pick the latest earlier occurrence rather than the first.
+        early_exit: accepted for the same signature (the result does not depend on it).
 
     Returns:
         ``(tokens, counts)`` of shapes ``[B, num_tokens]`` and ``[B]``, as :func:`find_ngram_continuations`.
@@ -186,6 +191,13 @@ class PromptLookupDrafter:
         min_ngram_size: shortest suffix to match.
         num_drafts: ``K``, the longest chain proposed (``max_num_drafts``; a schedule may ask for fewer).
         most_recent: match the latest earlier occurrence (default) instead of the first.
+        fixed_width: propose ``[B, K]`` drafts every step (a row's nodes past its proposal absent) and search every
+            n-gram size without early exit, so ``propose`` never synchronises with the host and its shapes never
+            change (the fast path's buckets stay fixed). The emitted tokens are the same; the target verifies up
+            to ``K`` absent nodes more per step. ``False`` (default): the draft is as wide as the longest
+            proposal, found with a host sync.
+
+    ``propose`` and ``update`` run as eager torch ops (they are not captured as CUDA graphs: the history grows).
 
     References:
         Saxena, "Prompt Lookup Decoding" (2023), https://github.com/apoorvumang/prompt-lookup-decoding;
@@ -196,6 +208,7 @@ class PromptLookupDrafter:
     min_ngram_size: int = 1
     num_drafts: int = 10
     most_recent: bool = True
+    fixed_width: bool = False
 
     feature_layers: ClassVar[tuple[int, ...]] = ()
 
@@ -257,9 +270,9 @@ class PromptLookupDrafter:
 
         Returns:
             ``(draft, state)``: a chain :class:`Draft` with ``tokens`` of shape ``[B, k]`` where ``k`` is the
-            longest proposal in the batch (node ``i`` has parent ``i - 1`` and depth ``i``; a row's nodes past
-            its own proposal are absent: parent ``-1``, depth 0), ``draft_probs=None`` and scheme
-            ``DETERMINISTIC``; and the unchanged state.
+            longest proposal in the batch, or ``K`` with ``fixed_width`` (node ``i`` has parent ``i - 1`` and
+            depth ``i``; a row's nodes past its own proposal are absent: parent ``-1``, depth 0),
+            ``draft_probs=None`` and scheme ``DETERMINISTIC``; and the unchanged state.
         """
         k = request.num_drafts
         if not 1 <= k <= self.num_drafts:
@@ -281,10 +294,14 @@ class PromptLookupDrafter:
             self.max_ngram_size,
             self.min_ngram_size,
             most_recent=self.most_recent,
+            early_exit=not self.fixed_width,
         )
         counts = torch.where(request.active.to(counts.device), counts, 0)
-        # Host sync: the draft's width (the longest proposal) sizes the tensors the target runs.
-        width = int(counts.max()) if batch else 0
+        if self.fixed_width:
+            width = k
+        else:
+            # Host sync: the draft's width (the longest proposal) sizes the tensors the target runs.
+            width = int(counts.max()) if batch else 0
         return _chain_draft(tokens[:, :width], counts), state
 
 

@@ -1,0 +1,580 @@
+"""The fixture on the fast path, side by side with gpt-fast in the same process (issue 13's measurement).
+
+Settings are the anchor's (``shared/anchors/gptfast_fixture.py``): bf16, greedy, the first ``--num-prompts``
+held-out prompts cut to their last ``--prompt-tokens`` (256) tokens (shorter ones skipped), exactly
+``--max-new-tokens`` (128) new tokens (EOS never stops a row), cuDNN SDPA off.
+
+Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
+
+- ``HF vanilla``: HF ``generate`` (greedy, ``min_new_tokens`` = ``max_new_tokens``);
+- ``gpt-fast vanilla`` / ``gpt-fast SpS K=4,6`` (with ``--gptfast DIR``, the anchors folder holding ``gptfast/``):
+  gpt-fast's ``generate`` on the fixture converted to its layout, ``decode_one_token`` and ``model_forward``
+  compiled with ``torch.compile(mode="reduce-overhead", fullgraph=True)`` as the anchor does;
+- ``specdec eager plain`` / ``specdec fast plain``: :func:`specdec.generate` without a drafter, ``fast=False/True``;
+- ``specdec fast SpS K=4,6``: the draft model (``DraftModelDrafter(fast=True)``: the draft model on its own static
+  cache, graphed), target on the fast path; and the first K once more with the draft model left eager;
+- ``specdec fast prompt lookup``: ``PromptLookupDrafter(fixed_width=True)`` (no host sync in ``propose``);
+- ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
+  parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` when given.
+
+Per method: tokens/s, speedup against HF vanilla, ratio against gpt-fast vanilla, tau (tokens per target forward),
+and the share of prompts whose output equals gpt-fast vanilla's and HF vanilla's. Then batch 4 and 16 (left-padded
+batches of different prompts) for HF vanilla, specdec eager plain, fast plain and fast EAGLE-3; gpt-fast's
+``generate`` decodes one prompt (batch 1) here, so it has no batched rows. Last, the per-step phases of fast
+EAGLE-3 (``generate(profile=True)``: synchronised between phases, so their sum exceeds the unprofiled step).
+
+Every method runs inside ``try``: an error is recorded (and the method dropped) instead of ending the run.
+``--max-seconds`` bounds each timed loop. Writes ``results.json``, ``results.md`` and ``results.png`` (tokens/s) to
+``--out`` and prints a short table last.
+
+Examples::
+
+    python examples/bench_fast.py --target ../shared/models/pycoder-18m --draft ../shared/models/pycoder-draft-4m \\
+        --data ../shared/data/pycode-heldout.jsonl --gptfast ../shared/anchors \\
+        --eagle2 runs/eagle1/final --eagle3 runs/eagle3/final --out runs/bench_fast          # the H200
+    python examples/bench_fast.py --quick --out runs/bench_fast_quick                       # CPU smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import specdec as sd  # noqa: E402
+from specdec.bench import left_pad  # noqa: E402
+from specdec.drafters import DraftModelDrafter, PromptLookupDrafter  # noqa: E402
+from specdec.static import capacity_for  # noqa: E402
+
+
+class Run(NamedTuple):
+    """One method on one prompt (or batch): new tokens per row, target forwards, and (gpt-fast) accept counts."""
+
+    tokens: list            # per row, the new token ids
+    steps: int | None       # target forwards after the prefill (None: not known, e.g. HF)
+    emitted: int            # tokens emitted by those steps (for tau)
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+def load_prompts(path: str, tokenizer, count: int, length: int, device) -> list[torch.Tensor]:
+    """The first ``count`` prompts of a JSONL file, each cut to its last ``length`` tokens; shorter ones skipped.
+
+    Returns:
+        A list of ``[length]`` int64 tensors (as the anchor: no special tokens added).
+    """
+    out = []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()][:count]
+    for row in rows:
+        ids = tokenizer(row["prompt"], add_special_tokens=False).input_ids
+        if len(ids) >= length:
+            out.append(torch.tensor(ids[-length:], dtype=torch.long, device=device))
+    return out
+
+
+def quick_models(device):
+    """Tiny random Llama target and draft (CPU smoke mode), float32, with random EAGLE-1/EAGLE-3 heads."""
+    import transformers
+
+    from specdec.heads import Eagle1Head, Eagle3Head
+
+    def build(layers, hidden, seed):
+        config = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
+                                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=1024, tie_word_embeddings=True)
+        torch.manual_seed(seed)
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                             dtype=torch.float32).to(device).eval()
+
+    target, draft = build(4, 64, 0), build(1, 32, 1)
+    torch.manual_seed(2)
+    heads = {"eagle2": Eagle1Head.from_target(target).to(device).eval(),
+             "eagle3": Eagle3Head.from_target(target).to(device).eval()}
+    return target, draft, heads
+
+
+def quick_prompts(count: int, length: int, device) -> list[torch.Tensor]:
+    """Random prompts with a repeated motif (prompt lookup finds matches)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(count):
+        motif = torch.randint(1, 256, (24,), generator=g)
+        out.append(motif.repeat(length // 24 + 1)[:length].to(device))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- gpt-fast
+def gptfast_modules(folder: str):
+    """gpt-fast's ``generate`` and ``model`` modules from the anchors folder (or its ``gptfast/`` subfolder).
+
+    Importing ``generate`` sets inductor options process-wide (gpt-fast's own choice), as in the anchor.
+    """
+    sub = os.path.join(folder, "gptfast")
+    folder = sub if os.path.isdir(sub) else folder
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import generate as gptfast_generate
+    import model as gptfast_model
+    return gptfast_generate, gptfast_model
+
+
+def to_gptfast(hf_model, gptfast_model, device, dtype):
+    """The HF Llama ``hf_model`` as a gpt-fast ``Transformer`` with the same weights.
+
+    gpt-fast applies RoPE to interleaved pairs ``(x[2i], x[2i+1])`` of each head, HF to the halves
+    ``(x[i], x[i + d/2])``; so the query and key rows of each head are reordered from ``(two half)`` to
+    ``(half two)``. Values and every other weight keep their layout; q, k, v are fused into ``wqkv``.
+    """
+    from einops import rearrange
+
+    c = hf_model.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    head_dim = c.hidden_size // heads
+    rope = getattr(c, "rope_parameters", None) or {}
+    args = gptfast_model.ModelArgs(
+        block_size=c.max_position_embeddings, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers, n_head=heads,
+        n_local_heads=kv_heads, dim=c.hidden_size, intermediate_size=c.intermediate_size,
+        rope_base=rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)), norm_eps=c.rms_norm_eps)
+    if args.head_dim != head_dim:
+        raise ValueError(f"gpt-fast derives head_dim {args.head_dim}, the HF model has {head_dim}")
+    src = {k: v.detach() for k, v in hf_model.state_dict().items()}
+
+    def rope_rows(w, n):  # per head: halves layout -> interleaved pairs
+        return rearrange(w, "(h two half) d -> (h half two) d", h=n, two=2)
+
+    out = {"tok_embeddings.weight": src["model.embed_tokens.weight"], "norm.weight": src["model.norm.weight"],
+           "output.weight": src.get("lm_head.weight", src["model.embed_tokens.weight"])}
+    for i in range(c.num_hidden_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        attn = p + "self_attn."
+        out[q + "attention.wqkv.weight"] = torch.cat([rope_rows(src[attn + "q_proj.weight"], heads),
+                                                      rope_rows(src[attn + "k_proj.weight"], kv_heads),
+                                                      src[attn + "v_proj.weight"]])
+        out[q + "attention.wo.weight"] = src[attn + "o_proj.weight"]
+        out[q + "feed_forward.w1.weight"] = src[p + "mlp.gate_proj.weight"]
+        out[q + "feed_forward.w3.weight"] = src[p + "mlp.up_proj.weight"]
+        out[q + "feed_forward.w2.weight"] = src[p + "mlp.down_proj.weight"]
+        out[q + "attention_norm.weight"] = src[p + "input_layernorm.weight"]
+        out[q + "ffn_norm.weight"] = src[p + "post_attention_layernorm.weight"]
+    with torch.device("meta"):
+        model = gptfast_model.Transformer(args)
+    model.load_state_dict({k: v.clone() for k, v in out.items()}, assign=True, strict=True)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def gptfast_methods(folder: str, target, draft, ks, new_tokens: int, device, dtype) -> dict[str, Callable]:
+    """Runners for gpt-fast vanilla and speculative decoding (K in ``ks``), compiled as the anchor compiles them."""
+    G, M = gptfast_modules(folder)
+    gm = to_gptfast(target, M, device, dtype)
+    gd = to_gptfast(draft, M, device, dtype) if draft is not None else None
+    # gpt-fast's generate calls these module functions by name: compiling means replacing them (its own recipe).
+    G.decode_one_token = torch.compile(G.decode_one_token, mode="reduce-overhead", fullgraph=True)
+    G.model_forward = torch.compile(G.model_forward, mode="reduce-overhead", fullgraph=True)
+
+    def make(draft_model, k):
+        def run(ids: torch.Tensor) -> Run:
+            if ids.dim() != 1:
+                raise ValueError("gpt-fast's generate here decodes one prompt (batch 1)")
+            seq, stats = G.generate(gm, ids, new_tokens, batch_size=1, interactive=False, draft_model=draft_model,
+                                    speculate_k=k, temperature=0.0)
+            tokens = seq[0, ids.numel():].tolist()
+            if draft_model is None:
+                return Run([tokens], new_tokens - 1, new_tokens - 1)
+            counts = stats["accept_counts"]
+            return Run([tokens], sum(counts), sum((i + 1) * c for i, c in enumerate(counts)))
+        return run
+
+    methods = {"gpt-fast vanilla": make(None, 4)}
+    for k in ks if gd is not None else ():
+        methods[f"gpt-fast SpS K={k}"] = make(gd, k)
+    return methods
+
+
+# ---------------------------------------------------------------------------------------------------- methods
+def hf_vanilla(target, new_tokens: int) -> Callable:
+    """HF ``generate``, greedy, exactly ``new_tokens`` per row (``min_new_tokens``), on a (left-padded) batch."""
+    def run(ids: torch.Tensor) -> Run:
+        batch, mask = left_pad([ids] if ids.dim() == 1 else list(ids))
+        with torch.no_grad():
+            out = target.generate(input_ids=batch, attention_mask=mask, max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False)
+        return Run(out[:, batch.shape[1]:].tolist(), None, 0)
+    return run
+
+
+def specdec_run(target, drafter, new_tokens: int, *, fast: bool, profile: bool = False) -> Callable:
+    """:func:`specdec.generate` on a prompt ``[T]`` or a batch of prompts ``[B, T]`` (left-padded), no EOS stop."""
+    def run(ids: torch.Tensor) -> Run:
+        batch, mask = left_pad([ids] if ids.dim() == 1 else list(ids))
+        out = sd.generate(target, batch, attention_mask=mask, drafter=drafter, max_new_tokens=new_tokens,
+                          eos_token_id=[], fast=fast, profile=profile)
+        s = out.stats
+        T = batch.shape[1]
+        tokens = [row[T:T + n].tolist() for row, n in zip(out.sequences, out.num_new_tokens.tolist())]
+        run.last_stats = s  # read by eagle3_phases
+        return Run(tokens, s.num_steps * batch.shape[0], round(s.tau * s.num_steps * batch.shape[0]))
+    run.drafter = drafter
+    return run
+
+
+def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str, Callable]:
+    """The specdec rows at batch 1 (drafters built once; the fast path keeps their graphs between calls).
+
+    A drafter that cannot be built (e.g. a head of the wrong kind for its recipe) is recorded in ``errors``.
+    """
+    n = args.max_new_tokens
+    draft_capacity = capacity_for(args.prompt_tokens, n, 16)
+    makers = {"specdec eager plain": (lambda: None, False), "specdec fast plain": (lambda: None, True)}
+    for k in args.draft_k if draft is not None else ():
+        makers[f"specdec fast SpS K={k}"] = (
+            lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), True)
+    if draft is not None and args.draft_k:  # Part of the story: the same K with the draft model left eager
+        k = args.draft_k[0]
+        makers[f"specdec fast SpS K={k}, eager draft"] = (lambda: DraftModelDrafter(draft, num_drafts=k), True)
+    makers[f"specdec fast prompt lookup K={args.lookup_k}"] = (
+        lambda: PromptLookupDrafter(num_drafts=args.lookup_k, fixed_width=True), True)
+    recipes = {"eagle2": ("EAGLE-2", sd.recipes.eagle2), "eagle3": ("EAGLE-3", sd.recipes.eagle3),
+               "peagle": ("P-EAGLE", sd.recipes.peagle), "dflash": ("DFlash", sd.recipes.dflash),
+               "dspark": ("DSpark", sd.recipes.dspark)}
+    for key, head in heads.items():
+        label, recipe = recipes[key]
+        makers[f"specdec fast {label}"] = (lambda recipe=recipe, head=head: recipe(head), True)
+    methods = {}
+    for name, (make, fast) in makers.items():
+        try:
+            methods[name] = specdec_run(target, make(), n, fast=fast)
+        except Exception as err:  # recorded; the other rows still run
+            errors[f"batch 1 {name}"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+    return methods
+
+
+def load_heads(args, target, device, dtype) -> dict:
+    """The draft heads given on the command line, by recipe key (a failed load is reported and skipped)."""
+    loaders = {"eagle2": sd.formats.load_eagle_head, "eagle3": sd.formats.load_eagle_head,
+               "peagle": sd.formats.load_peagle_head, "dflash": sd.formats.load_dflash_head,
+               "dspark": sd.formats.load_dflash_head}
+    heads = {}
+    for key, load in loaders.items():
+        path = getattr(args, key)
+        if path:
+            try:
+                heads[key] = load(path, target, dtype=dtype, device=device)
+            except Exception as err:  # report, keep benchmarking the rest
+                print(f"could not load --{key} {path}: {type(err).__name__}: {err}", flush=True)
+    return heads
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_methods(methods: dict[str, Callable], inputs: list, *, warmup: int, max_seconds: float | None, device,
+                 errors: dict, label: str) -> dict:
+    """Time every method on every input, interleaved per input, after ``warmup`` untimed inputs.
+
+    A method that raises is recorded in ``errors`` and dropped. Returns, per method, its runs and seconds.
+    """
+    from tqdm.auto import tqdm
+
+    live = dict(methods)
+
+    def call(name, ids):
+        try:
+            return live[name](ids)
+        except Exception as err:  # recorded; the benchmark goes on without this method
+            errors[f"{label} {name}"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+            del live[name]
+            return None
+
+    for ids in inputs[:warmup]:
+        for name in list(live):
+            call(name, ids)
+    runs = {name: [] for name in methods}
+    seconds = {name: 0.0 for name in methods}
+    start = time.perf_counter()
+    for ids in tqdm(inputs, desc=label):
+        for name in list(live):
+            _sync(device)
+            t0 = time.perf_counter()
+            out = call(name, ids)
+            _sync(device)
+            if out is not None:
+                seconds[name] += time.perf_counter() - t0
+                runs[name].append(out)
+        if max_seconds is not None and time.perf_counter() - start > max_seconds:
+            break
+    done = min((len(runs[name]) for name in live), default=0)  # every live method on the same inputs
+    return {name: (runs[name][:done], seconds[name] * done / max(len(runs[name]), 1))
+            for name in live if runs[name]}
+
+
+def summarise(timed: dict, *, batch: int) -> list[dict]:
+    """Per method: tokens/s, speedup vs HF vanilla, ratio vs gpt-fast vanilla, tau, same-output rates."""
+    hf = timed.get("HF vanilla")
+    gf = timed.get("gpt-fast vanilla")
+
+    def rate(name):
+        runs, secs = timed[name]
+        return sum(len(t) for r in runs for t in r.tokens) / secs
+
+    def same(runs, ref):
+        if ref is None:
+            return None
+        pairs = [(a, b) for r, q in zip(runs, ref[0]) for a, b in zip(r.tokens, q.tokens)]
+        return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+    rows = []
+    for name, (runs, secs) in timed.items():
+        steps = [r.steps for r in runs]
+        tau = (sum(r.emitted for r in runs) / sum(steps)) if all(s for s in steps) else None
+        tps = rate(name)
+        rows.append(dict(method=name, batch=batch, inputs=len(runs), tokens_per_s=tps, seconds=secs,
+                         speedup_vs_hf=tps / rate("HF vanilla") if hf else None,
+                         ratio_vs_gptfast=tps / rate("gpt-fast vanilla") if gf else None, tau=tau,
+                         same_as_gptfast=same(runs, gf), same_as_hf=same(runs, hf)))
+    return rows
+
+
+def eagle3_phases(drafter, target, prompts, new_tokens: int) -> dict:
+    """Per-step phase times (ms) of ``drafter`` on the fast path with ``profile=True``, and the unprofiled step."""
+    profiled = specdec_run(target, drafter, new_tokens, fast=True, profile=True)
+    plain = specdec_run(target, drafter, new_tokens, fast=True)
+    totals, steps, wall = {}, 0, 0.0
+    for ids in prompts:
+        profiled(ids)
+        s = profiled.last_stats
+        for k, v in (s.phase_times or {}).items():
+            totals[k] = totals.get(k, 0.0) + v
+        steps += s.num_steps
+        plain(ids)
+        wall += plain.last_stats.wall_time - plain.last_stats.prefill_time
+    return {"phases_ms_per_step": {k: 1e3 * v / steps for k, v in totals.items()},
+            "unprofiled_ms_per_step": 1e3 * wall / steps, "steps": steps}
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def checks(rows: list[dict]) -> list[str]:
+    """Issue 13's targets, each as one line with the measured figures."""
+    by = {r["method"]: r for r in rows if r["batch"] == 1}
+    gf = by.get("gpt-fast vanilla")
+    if gf is None:
+        return ["(no gpt-fast rows: pass --gptfast DIR for the issue's comparisons)"]
+    out = []
+    plain = by.get("specdec fast plain")
+    if plain:
+        t = gf["tokens_per_s"] / plain["tokens_per_s"]
+        out.append(f"fast plain time / gpt-fast vanilla time = {t:.2f} (target <= 1.2): {'ok' if t <= 1.2 else 'MISS'}")
+    e3 = by.get("specdec fast EAGLE-3")
+    if e3:
+        r = e3["ratio_vs_gptfast"]
+        out.append(f"fast EAGLE-3 / gpt-fast vanilla tokens/s = {r:.2f} (target >= 1.5; "
+                   f"{e3['speedup_vs_hf']:.1f}x HF vanilla): {'ok' if r >= 1.5 else 'MISS'}")
+    for k in (4, 6):
+        ours, theirs = by.get(f"specdec fast SpS K={k}"), by.get(f"gpt-fast SpS K={k}")
+        if ours and theirs:
+            r = ours["tokens_per_s"] / theirs["tokens_per_s"]
+            out.append(f"fast SpS K={k} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
+                       f"{'ok' if r > 1 else 'MISS'}")
+    spec = [r for r in by.values() if r["method"].startswith("specdec fast") and "plain" not in r["method"]
+            and "eager draft" not in r["method"]]
+    gspec = [r["tokens_per_s"] for r in by.values() if r["method"].startswith("gpt-fast SpS")]
+    if spec and gspec:
+        slow = [r["method"] for r in spec if r["tokens_per_s"] <= max(gspec)]
+        out.append("every specdec speculative method ahead of gpt-fast's best speculative row: "
+                   + ("ok" if not slow else "MISS (" + ", ".join(slow) + ")"))
+    return out
+
+
+def to_markdown(rows: list[dict], meta: dict, phases: dict | None, notes: list[str], errors: dict) -> str:
+    """The results as Markdown: one table per batch size, the checks, the phases and the errors."""
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    def pct(x):
+        return f"{100 * x:.0f}%" if x is not None else "-"
+
+    lines = [f"### {meta['title']}", ""]
+    for batch in sorted({r["batch"] for r in rows}):
+        lines += [f"**batch {batch}**", "", "| method | tokens/s | vs HF vanilla | vs gpt-fast vanilla | tau | "
+                  "same as gpt-fast | same as HF | inputs |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in rows if r["batch"] == batch):
+            lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {f(r['speedup_vs_hf'], '.2f')}x | "
+                         f"{f(r['ratio_vs_gptfast'], '.2f')} | {f(r['tau'], '.2f')} | "
+                         f"{pct(r['same_as_gptfast'])} | {pct(r['same_as_hf'])} | {r['inputs']} |")
+        lines.append("")
+    if batch_note := meta.get("batch_note"):
+        lines += [batch_note, ""]
+    lines += ["Checks (issue 13):", ""] + [f"- {c}" for c in notes] + [""]
+    if phases:
+        lines += ["Fast EAGLE-3, per step (profile=True, synchronised between phases):", "", "```",
+                  json.dumps(phases, indent=1), "```", ""]
+    if errors:
+        lines += ["Errors:", ""] + [f"- {k}: {v}" for k, v in errors.items()] + [""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """Horizontal bars of tokens/s, one panel per batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.4 * len(rows) + 2), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        sel = [r for r in rows if r["batch"] == batch]
+        colors = ["#C44E52" if r["method"].startswith("gpt-fast") else "#8C8C8C" if r["method"].startswith("HF")
+                  else "#4C72B0" for r in sel]
+        ax.barh([r["method"] for r in sel], [r["tokens_per_s"] for r in sel], color=colors)
+        for i, r in enumerate(sel):
+            ax.text(r["tokens_per_s"], i, f" {r['tokens_per_s']:.0f}", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens/s")
+        ax.set_title(f"batch {batch}")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def short_table(rows: list[dict]) -> str:
+    """A few columns, one line per row, for the end of the log."""
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    lines = [f"{'batch':>5} {'method':<34} {'tok/s':>9} {'vs HF':>7} {'vs gf':>6} {'tau':>5}"]
+    for r in rows:
+        lines.append(f"{r['batch']:>5} {r['method']:<34} {r['tokens_per_s']:>9.1f} {f(r['speedup_vs_hf'], '.2f'):>7} "
+                     f"{f(r['ratio_vs_gptfast'], '.2f'):>6} {f(r['tau'], '.2f'):>5}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- main
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--data")
+    ap.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/); no gpt-fast rows without")
+    for key in ("eagle2", "eagle3", "peagle", "dflash", "dspark"):
+        ap.add_argument(f"--{key}", default=None, help=f"{key} head folder (specdec.formats loader)")
+    ap.add_argument("--num-prompts", type=int, default=30)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--draft-k", type=int, nargs="+", default=[4, 6])
+    ap.add_argument("--lookup-k", type=int, default=10)
+    ap.add_argument("--batches", type=int, nargs="+", default=[4, 16], help="batched rows (besides batch 1)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--max-seconds", type=float, default=None, help="budget of each timed loop")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny random models, no gpt-fast")
+    ap.add_argument("--out", default="runs/bench_fast")
+    args = ap.parse_args(argv)
+    torch.backends.cuda.enable_cudnn_sdp(False)  # the anchor's setting
+    os.makedirs(args.out, exist_ok=True)
+    errors: dict = {}
+    if args.quick:
+        device, dtype = "cpu", torch.float32
+        target, draft, heads = quick_models(device)
+        prompts = quick_prompts(args.num_prompts, args.prompt_tokens, device)
+        name = "tiny random Llama (quick)"
+    else:
+        import transformers
+
+        if not (args.target and args.data):
+            ap.error("--target and --data are required (or --quick)")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        load = dict(dtype=dtype, attn_implementation="sdpa")
+        target = transformers.AutoModelForCausalLM.from_pretrained(args.target, **load).to(device).eval()
+        draft = (transformers.AutoModelForCausalLM.from_pretrained(args.draft, **load).to(device).eval()
+                 if args.draft else None)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.target)
+        prompts = load_prompts(args.data, tokenizer, args.num_prompts, args.prompt_tokens, device)
+        heads = load_heads(args, target, device, dtype)
+        name = os.path.basename(args.target.rstrip("/"))
+    n = args.max_new_tokens
+    if not prompts:
+        raise SystemExit(f"no prompt has {args.prompt_tokens} tokens: lower --prompt-tokens")
+    print(f"{len(prompts)} prompts of {args.prompt_tokens} tokens", flush=True)
+
+    # 1. Batch 1: every method, interleaved per prompt.
+    methods = {"HF vanilla": hf_vanilla(target, n)}
+    t0 = time.perf_counter()
+    if args.gptfast and not args.quick:
+        try:
+            methods.update(gptfast_methods(args.gptfast, target, draft, args.draft_k, n, device, dtype))
+        except Exception as err:  # recorded; specdec rows still run
+            errors["gpt-fast setup"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+    methods.update(specdec_methods(target, draft, heads, args, errors))
+    timed = time_methods(methods, prompts, warmup=args.warmup, max_seconds=args.max_seconds, device=device,
+                         errors=errors, label="batch 1")
+    rows = summarise(timed, batch=1)
+    warm_s = time.perf_counter() - t0
+
+    # 2. Batches of different prompts, left-padded: HF vanilla, eager / fast plain, fast EAGLE-3.
+    for batch in args.batches:
+        groups = [torch.stack(prompts[i:i + batch]) for i in range(0, len(prompts) - batch + 1, batch)]
+        if not groups:
+            errors[f"batch {batch}"] = f"needs at least {batch} prompts, have {len(prompts)}"
+            continue
+        batched = {"HF vanilla": hf_vanilla(target, n),
+                   "specdec eager plain": specdec_run(target, None, n, fast=False),
+                   "specdec fast plain": specdec_run(target, None, n, fast=True)}
+        if "eagle3" in heads:
+            try:
+                batched["specdec fast EAGLE-3"] = specdec_run(target, sd.recipes.eagle3(heads["eagle3"]), n,
+                                                              fast=True)
+            except Exception as err:
+                errors[f"batch {batch} specdec fast EAGLE-3"] = f"{type(err).__name__}: {err}"
+        timed_b = time_methods(batched, groups, warmup=min(args.warmup, 1), max_seconds=args.max_seconds,
+                               device=device, errors=errors, label=f"batch {batch}")
+        rows += summarise(timed_b, batch=batch)
+
+    # 3. Where the time of a fast EAGLE-3 step goes.
+    phases = None
+    if "specdec fast EAGLE-3" in timed:
+        try:
+            phases = eagle3_phases(methods["specdec fast EAGLE-3"].drafter, target, prompts[:3], n)
+        except Exception as err:
+            errors["EAGLE-3 phases"] = f"{type(err).__name__}: {err}"
+            traceback.print_exc()
+
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    meta = dict(title=f"{name}, {str(dtype).replace('torch.', '')}, greedy, {len(prompts)} prompts cut to their last "
+                      f"{args.prompt_tokens} tokens, {n} new tokens (no EOS stop), cuDNN SDPA off, {gpu}",
+                batch_note="gpt-fast's generate decodes one prompt at a time here (batch 1 only): batched rows "
+                           "compare specdec with HF.",
+                torch=torch.__version__, transformers=__import__("transformers").__version__, args=vars(args),
+                seconds=round(time.perf_counter() - t0, 1), batch1_seconds=round(warm_s, 1))
+    notes = checks(rows)
+    md = to_markdown(rows, meta, phases, notes, errors)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "checks": notes, "eagle3_phases": phases, "errors": errors}, f,
+                  indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    try:
+        plot(rows, os.path.join(args.out, "results.png"), meta["title"])
+    except ImportError as err:  # matplotlib is optional
+        print(f"no plot: {err}")
+    print(md)
+    print(short_table(rows))
+    return {"rows": rows, "checks": notes, "phases": phases, "errors": errors}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""examples/bench_fast.py: the CPU smoke mode runs every specdec row end to end; the gpt-fast conversion keeps the
+HF model's logits (when gpt-fast's files are at hand)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+
+def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
+    import bench_fast
+
+    out = bench_fast.main(["--quick", "--num-prompts", "2", "--prompt-tokens", "24", "--max-new-tokens", "5",
+                           "--batches", "2", "--warmup", "0", "--out", str(tmp_path)])
+    assert out["errors"] == {}
+    rows = {(r["batch"], r["method"]): r for r in out["rows"]}
+    expected = ["HF vanilla", "specdec eager plain", "specdec fast plain", "specdec fast SpS K=4",
+                "specdec fast SpS K=6", "specdec fast SpS K=4, eager draft", "specdec fast prompt lookup K=10",
+                "specdec fast EAGLE-2", "specdec fast EAGLE-3"]
+    assert [m for b, m in rows if b == 1] == expected
+    assert [m for b, m in rows if b == 2] == ["HF vanilla", "specdec eager plain", "specdec fast plain",
+                                              "specdec fast EAGLE-3"]
+    for r in out["rows"]:
+        assert r["tokens_per_s"] > 0 and r["ratio_vs_gptfast"] is None
+        assert r["same_as_hf"] == 1.0, r  # float32: every lossless method emits HF's greedy tokens
+        if r["method"] != "HF vanilla":
+            assert r["tau"] >= 1.0
+    assert rows[(1, "HF vanilla")]["speedup_vs_hf"] == 1.0
+    assert set(out["phases"]["phases_ms_per_step"]) >= {"draft", "target", "verify"}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["rows"]) == len(out["rows"]) and "gpt-fast" in saved["checks"][0]
+    assert (tmp_path / "results.md").read_text().count("| specdec fast EAGLE-3 |") == 2
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "results.png").stat().st_size > 0
+
+
+ANCHORS = os.environ.get("SPECDEC_ANCHORS", str(Path(__file__).resolve().parents[2] / "shared" / "anchors"))
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(ANCHORS, "gptfast", "model.py")),
+                    reason="gpt-fast's files are not at hand (set SPECDEC_ANCHORS to the anchors folder)")
+def test_conversion_to_gptfast_keeps_the_logits():
+    import importlib.util
+
+    import bench_fast
+
+    # gpt-fast's model.py alone, under its own name (its generate.py sets inductor options process-wide).
+    spec = importlib.util.spec_from_file_location("gptfast_model_under_test",
+                                                  os.path.join(ANCHORS, "gptfast", "model.py"))
+    gptfast_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gptfast_model)
+    target, draft, _ = bench_fast.quick_models("cpu")
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(0))
+    for hf in (target, draft):
+        converted = bench_fast.to_gptfast(hf, gptfast_model, "cpu", torch.float32)
+        converted.setup_caches(max_batch_size=1, max_seq_length=32)
+        with torch.no_grad():
+            torch.testing.assert_close(converted(ids, torch.arange(20)), hf(ids).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_summary_rates_and_the_issue_checks():
+    from bench_fast import Run, checks, summarise
+
+    same, other = [[1, 2, 3, 4]], [[1, 2, 3, 5]]
+    timed = {"HF vanilla": ([Run(same, None, 0)] * 2, 2.0),
+             "gpt-fast vanilla": ([Run(same, 3, 3)] * 2, 0.2),
+             "gpt-fast SpS K=4": ([Run(same, 1, 3)] * 2, 0.4),
+             "specdec fast plain": ([Run(same, 3, 3)] * 2, 0.25),
+             "specdec fast SpS K=4": ([Run(other, 1, 3)] * 2, 0.5),
+             "specdec fast EAGLE-3": ([Run(same, 1, 3), Run(other, 1, 3)], 0.1)}
+    rows = {r["method"]: r for r in summarise(timed, batch=1)}
+    assert rows["HF vanilla"]["tokens_per_s"] == 4.0 and rows["HF vanilla"]["tau"] is None
+    assert rows["gpt-fast vanilla"]["speedup_vs_hf"] == 10.0 and rows["gpt-fast vanilla"]["ratio_vs_gptfast"] == 1.0
+    assert rows["specdec fast EAGLE-3"]["ratio_vs_gptfast"] == 2.0 and rows["specdec fast EAGLE-3"]["tau"] == 3.0
+    assert rows["specdec fast EAGLE-3"]["same_as_gptfast"] == 0.5 and rows["specdec fast SpS K=4"]["same_as_hf"] == 0
+    lines = checks(list(rows.values()))
+    assert lines[0].startswith("fast plain time / gpt-fast vanilla time = 1.25") and lines[0].endswith("MISS")
+    assert lines[1].startswith("fast EAGLE-3 / gpt-fast vanilla tokens/s = 2.00") and lines[1].endswith("ok")
+    assert lines[2].startswith("fast SpS K=4 / gpt-fast SpS K=4 tokens/s = 0.80") and lines[2].endswith("MISS")
+    assert lines[3].endswith("MISS (specdec fast SpS K=4)")
