@@ -33,8 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import specdec as sd  # noqa: E402
 from specdec import bench  # noqa: E402
 
-METHODS = ("EAGLE-2", "EAGLE-3", "P-EAGLE", "DFlash", "DSpark")
-
 
 def _load_heads(args, target, dtype, device) -> dict:
     """Method name -> (head, factory(head, K) -> drafter)."""
@@ -121,7 +119,7 @@ def _plot(rows: list, ks: list, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for method in METHODS:
+    for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         if not mine:
             continue
@@ -153,6 +151,9 @@ def main(argv=None):
         ap.add_argument(f"--{name}", help=f"{name} head folder")
     ap.add_argument("--ks", type=int, nargs="+", default=[3, 5, 7])
     ap.add_argument("--total-tokens", type=int, default=60, help="EAGLE-2/3 dynamic tree size")
+    ap.add_argument("--tree", default=None,
+                    help="also run every parallel drafter with this level-wise tree (a Medusa preset name such as "
+                         "mc_sim_7b_63, pruned to depth K): rows '<method>+tree'")
     ap.add_argument("--num-prompts", type=int, default=30)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -190,6 +191,12 @@ def main(argv=None):
     if draft is not None:
         methods["HF assisted"] = bench.hf_method(target, n, assistant_model=draft)
     drafters = {}
+    tree_makers = {"P-EAGLE": lambda h: sd.recipes.peagle(h, tree=args.tree),
+                   "DFlash": lambda h: sd.recipes.dflash(h, tree=args.tree),
+                   "DSpark": lambda h: sd.recipes.dspark(h, tree=args.tree)}
+    for method, (head, _make) in list(heads.items()):
+        if args.tree and method in tree_makers:
+            heads[f"{method}+tree"] = (head, lambda h, k, m=tree_makers[method]: m(h))
     for method, (head, make) in heads.items():
         for k in args.ks:
             drafter = make(head, k)
@@ -221,7 +228,7 @@ def main(argv=None):
         acc = ", ".join(f"{a:.2f}" for a in row["acceptance_per_depth"])
         lines.append(f"| {row['method']} | {row['K']} | {row['tokens_per_second']:.1f} | {row['speedup']:.2f}x | "
                      f"{row['tau']:.2f} | {row['draft_ms']:.2f} | {100 * row['greedy_match']:.0f}% | {acc} |")
-    best_parallel = max((r for r in rows if r["method"] in ("P-EAGLE", "DFlash", "DSpark")),
+    best_parallel = max((r for r in rows if not r["method"].startswith("EAGLE")),
                         key=lambda r: r["tokens_per_second"], default=None)
     best_e3 = max((r for r in rows if r["method"] == "EAGLE-3"), key=lambda r: r["tokens_per_second"], default=None)
     summary = {}
