@@ -37,14 +37,13 @@ State and cost per step (:meth:`DFlashHead.start`, :meth:`DFlashHead.update`, :m
 the head keeps each layer's context keys and values of the committed tokens in a cache whose slot is the
 token's position (rows stay aligned, nothing to compact); ``update`` projects the newly committed features into
 it; a draft is one forward of the ``B x block_size`` block over the cache (the block's own keys are written past the
-committed entries, where the next update overwrites them). A host-side bound of the row lengths
-decides how much of the cache is read, so no step syncs with the device (one deliberate sync every
-``resync_every`` updates re-tightens the bound).
+committed entries, where the next update overwrites them). A draft attends over the whole cache under a mask; a
+host-side bound of the row lengths decides when the cache grows, so no step syncs with the device (one deliberate
+sync every ``resync_every`` updates re-tightens the bound).
 
 CUDA graphs: the heads implement :class:`~specdec.drafters.parallel.ParallelDrafter`'s step hooks
 (``start(static=, buffers=)``, ``draft_step``, ``absorb_step``). A step's draft attends over the whole cache (less
-its trash slot) under the mask, so its shapes depend only on the batch size and the capacity; the bound then only
-decides when the cache grows, and the resync (a host sync) happens in the step's host-side ``finish``, outside
+its trash slot) under the mask, so its shapes depend only on the batch size and the capacity, and the resync (a host sync) happens in the step's host-side ``finish``, outside
 the captured work. ``static=True`` allocates the cache with headroom and reuses an earlier run's when it fits.
 
 References:
@@ -312,7 +311,7 @@ class DFlashState(NamedTuple):
             trash slot for invalid feedback entries (written in place: a state is consumed by the next call).
         lengths: Shape ``[B]`` int64, committed tokens per row (= the root's position).
         roots: Shape ``[B]`` int64, each row's root (the next block's anchor).
-        bound: host-side upper bound of ``lengths`` (how much of the cache a draft reads; no sync needed).
+        bound: host-side upper bound of ``lengths`` (when the cache must grow; no sync needed).
         since_resync: updates since ``bound`` was last re-tightened.
     """
 
@@ -730,7 +729,7 @@ class DFlashHead(nn.Module):
         cache = state.cache
 
         def draft(lengths: torch.Tensor, roots: torch.Tensor) -> tuple[LevelOutput, None]:
-            hidden = self.level_hidden(self._block_hidden(cache, lengths, roots, cache.capacity - 1))
+            hidden = self.level_hidden(self.draft_hidden(DFlashState(cache, lengths, roots, 0, 0)))
             return self._outputs(hidden, roots), None
 
         return Step(fn=draft, inputs=(state.lengths, state.roots), finish=lambda _: state, key=("block",),
@@ -767,16 +766,13 @@ class DFlashHead(nn.Module):
         Returns:
             Shape ``[B, bs, H]``: the normed hidden state of every slot.
         """
-        # <= capacity - 1: the trash slot is never read
-        return self._block_hidden(state.cache, state.lengths, state.roots, state.bound + self.config.block_size)
-
-    def _block_hidden(self, cache: KVCache, lengths: torch.Tensor, roots: torch.Tensor, n: int) -> torch.Tensor:
-        """:meth:`draft_hidden` attending over cache slots ``[0, n)`` (the caller's bound, or the whole cache)."""
+        cache, lengths = state.cache, state.lengths
         B, bs = lengths.shape[0], self.config.block_size
+        n = cache.capacity - 1  # the whole cache but its trash slot, under the mask: the same shapes every step
         positions = lengths[:, None] + torch.arange(bs, device=lengths.device)
         sees = torch.arange(n, device=lengths.device) < (lengths + bs)[:, None]
         mask = sees[:, None, None, :].expand(B, 1, bs, n)
-        return self.run_layers(self.block_tokens(roots), positions, cached_attention(cache, positions, mask, n))
+        return self.run_layers(self.block_tokens(state.roots), positions, cached_attention(cache, positions, mask, n))
 
     @torch.no_grad()
     def level_logits(self, state: DFlashState, request=None) -> torch.Tensor:

@@ -106,7 +106,7 @@ class PEagleState(NamedTuple):
         cache: the head's KV cache (slot = position; written in place, so a state is consumed, not reused).
         pending: the committed entries the next forward absorbs (tokens ``[B, M]``, hidden ``[B, M, H]``,
             ``num_valid [B]``, ``next_tokens [B]`` = the new roots, ``starts [B]`` = position of entry 0).
-        bound: host-side upper bound of ``starts`` (sizes the cache and the attended length; no host sync).
+        bound: host-side upper bound of ``starts`` (when the cache must grow; no host sync).
         written: whether a forward has already written ``pending`` into the cache (then :meth:`PEagleHead.update`
             need not absorb it first).
         since_resync: updates since ``bound`` was last re-tightened (one deliberate host sync every
@@ -423,9 +423,8 @@ class PEagleHead(Eagle3Head):
             again, harmlessly); :meth:`level_outputs` returns the marked successor.
         """
         K = self.num_levels if request is None else max(1, min(self.num_levels, int(request.num_drafts)))
-        pending = state.pending
-        kv_length = min(state.cache.capacity, state.bound + pending.tokens.shape[1] + K - 1)
-        return self.draft_block(pending, state.cache, K, kv_length)
+        # the whole cache under the causal mask: the same shapes every step (CUDA graphs)
+        return self.draft_block(state.pending, state.cache, K, state.cache.capacity)
 
     @torch.no_grad()
     def level_outputs(self, state: PEagleState, request=None) -> LevelOutput:
