@@ -303,7 +303,8 @@ def medusa_typical(head, tree="mc_sim_7b_63", *, posterior_threshold: float = 0.
     References:
         Medusa arXiv 2401.10774 (Sec. 2.3.1).
     """
-    return LossyRecipe(medusa(head, tree, cuda_graphs=cuda_graphs), typical_acceptance(posterior_threshold, posterior_alpha))
+    return LossyRecipe(medusa(head, tree, cuda_graphs=cuda_graphs),
+                       typical_acceptance(posterior_threshold, posterior_alpha))
 
 
 def peagle(head, tree=None, *, num_drafts: int | None = None,

@@ -43,8 +43,9 @@ sync every ``resync_every`` updates re-tightens the bound).
 
 CUDA graphs: the heads implement :class:`~specdec.drafters.parallel.ParallelDrafter`'s step hooks
 (``start(static=, buffers=)``, ``draft_step``, ``absorb_step``). A step's draft attends over the whole cache (less
-its trash slot) under the mask, so its shapes depend only on the batch size and the capacity, and the resync (a host sync) happens in the step's host-side ``finish``, outside
-the captured work. ``static=True`` allocates the cache with headroom and reuses an earlier run's when it fits.
+its trash slot) under the mask, so its shapes depend only on the batch size and the capacity; the resync (a host
+sync) happens in the step's host-side ``finish``, outside the captured work. ``static=True`` allocates the cache
+with headroom and reuses an earlier run's when it fits.
 
 References:
     Chen et al., "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036 (z-lab);
@@ -63,6 +64,7 @@ from einops import rearrange
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
+from ..graphs import Step, run_step
 from ..nn import (
     Attention,
     DecoderConfig,
@@ -75,7 +77,6 @@ from ..nn import (
     zero_linear,
 )
 from ..nn.attention import masked_attention
-from ..graphs import Step, run_step
 from .common import target_dims, text_config
 
 __all__ = ["DFlashConfig", "DFlashHead", "DSparkHead", "DFlashState", "default_dflash_layers"]
