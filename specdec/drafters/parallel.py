@@ -113,6 +113,15 @@ class ParallelHead(Protocol):
 
         A head may also define ``level_outputs(state, request) -> LevelOutput`` (logits plus DSpark's confidence
         and transition); :class:`ParallelDrafter` calls it instead when present.
+
+        A stateful head (``start`` / ``update``) may also define the step hooks that make it capturable by
+        :func:`specdec.graphs.cuda_graphed` (the module docstring): ``start(feedback, *, static=False,
+        buffers=None)``; ``draft_step(state, request) -> Step`` whose ``fn(*inputs)`` returns
+        ``(LevelOutput, carry)`` and whose ``finish(carry)`` returns the successor state; ``absorb_step(state,
+        feedback) -> Step`` whose ``fn`` returns ``carry`` and whose ``finish(carry)`` returns the new state. Each
+        ``fn`` has static shapes given its ``key`` and input shapes, no host sync, and writes only its
+        ``buffers``; ``update`` / ``level_outputs`` should be ``run_step`` of them (one computation, eager or
+        replayed).
         """
 
 

@@ -383,9 +383,10 @@ class PEagleHead(Eagle3Head):
             feedback: the step's :class:`~specdec.drafters.Feedback`.
 
         Returns:
-            A step: inputs the old pending entries, then the feedback's tokens, valid, positions, roots and
-            features; ``fn`` returns the new pending entries (after absorbing the old ones into the cache when no
-            forward did: a plain step); key ``("update", written)``, or ``None`` for a prompt's width.
+            A step: inputs the old pending entries (only their ``(starts, num_valid)`` once a forward wrote
+            them), then the feedback's tokens, valid, positions, roots and features; ``fn`` returns the new pending
+            entries (after absorbing the old ones into the cache when no forward did: a plain step); key
+            ``("update", written)``, or ``None`` for a prompt's width.
         """
         old = state.pending
         width = old.tokens.shape[1]
@@ -394,10 +395,13 @@ class PEagleHead(Eagle3Head):
         cache = self._with_capacity(state.cache, B, bound + M + self.num_levels, feedback.tokens.device)
         written = state.written
 
-        def absorb(tokens, hidden, num_valid, next_tokens, starts, fb_tokens, fb_valid, fb_positions, fb_roots,
-                   features) -> _Pending:
-            if not written:  # a plain step (K = 0) ran no forward: absorb the entries now
-                self.draft_block(_Pending(tokens, hidden, num_valid, next_tokens, starts), cache, 1, cache.capacity)
+        def absorb(old_inputs: tuple, fb_tokens, fb_valid, fb_positions, fb_roots, features) -> _Pending:
+            if written:  # a forward already wrote the old entries: only where they end is needed
+                starts, num_valid = old_inputs
+            else:  # a plain step (K = 0) ran no forward: absorb the entries now
+                pending = _Pending(*old_inputs)
+                self.draft_block(pending, cache, 1, cache.capacity)
+                starts, num_valid = pending.starts, pending.num_valid
             return self._pending(fb_tokens, fb_valid, fb_positions, fb_roots, features, starts + num_valid)
 
         def finish(pending: _Pending) -> PEagleState:
@@ -406,8 +410,9 @@ class PEagleHead(Eagle3Head):
                 new_bound, since = int(pending.starts.max()), 0  # deliberate host sync, once per resync_every
             return PEagleState(cache, _Pending(*pending), new_bound, False, since)
 
-        key = ("update", written) if self._narrow(width) and self._narrow(M) else None
-        inputs = (*old, feedback.tokens, feedback.valid, feedback.positions, feedback.roots, tuple(feedback.features))
+        key = ("update", written) if self._narrow(M) and (written or self._narrow(width)) else None
+        inputs = ((old.starts, old.num_valid) if written else tuple(old), feedback.tokens, feedback.valid,
+                  feedback.positions, feedback.roots, tuple(feedback.features))
         return Step(fn=absorb, inputs=inputs, finish=finish, key=key, buffers=cache)
 
     @torch.no_grad()
