@@ -30,7 +30,7 @@ def _perturbed(head, seed: int, scale: float):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
+            p.add_(torch.randn(p.shape, generator=g).to(p.device) * scale)
     return head.eval()
 
 
