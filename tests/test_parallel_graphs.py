@@ -1,11 +1,14 @@
 """CUDA graphs around the parallel drafters (specdec/drafters/parallel.py with the P-EAGLE, DFlash / DSpark and
 Medusa heads). On CPU, through the reference capture ``capture_graph_ref``, which runs each captured step eagerly
-on static input copies exactly as a replay would (the function of the *first* capture of a key, fed new inputs):
+on static input copies exactly as a replay would (the function of the *first* capture of a key, fed new inputs),
+here made strict: after the warm-up, reading a tensor's value on the host (a sync, an error under capture) raises;
 its drafts equal the plain eager drafter's over ragged steps, a plain (K = 0) step and K changes; generate() through
 it is greedy-identical to plain decoding; each (key, shapes) is captured once. On CUDA (skipped without one) the
 real graphs give the same drafts as their eager reference over a generate() run.
 """
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from specdec import recipes
 from specdec.drafters import Feedback, ProposeRequest
 from specdec.drafters.parallel import ParallelDrafter
 from specdec.gating import ConfidenceGate
-from specdec.graphs import GraphedDrafter, capture_graph, capture_graph_ref
+from specdec.graphs import CapturedStep, GraphedDrafter, capture_graph, capture_graph_ref
 from specdec.heads import DFlashHead, DSparkHead, MedusaHead, PEagleHead
 from specdec.types import SamplingParams
 
@@ -59,9 +62,44 @@ class _Counting:
         return self.capture(fn, inputs)
 
 
+@contextlib.contextmanager
+def _no_host_sync():
+    """Reading a tensor's value on the host (a host-device sync on CUDA, an error under capture) raises."""
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a captured step read a tensor's value on the host (a host sync)")
+
+    names = ("item", "tolist", "__bool__", "__int__", "__float__")
+    saved = {name: getattr(torch.Tensor, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.Tensor, name, refuse)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def capture_strict(fn, inputs):
+    """:func:`capture_graph_ref`, whose runs after the warm-up (a capture, then replays on CUDA) refuse host syncs."""
+    def guarded(*args):
+        with _no_host_sync():
+            return fn(*args)
+
+    captured = capture_graph_ref(fn, inputs)
+    return CapturedStep(captured.inputs, lambda: guarded(*captured.inputs))
+
+
 def _on_cpu(drafter) -> tuple[GraphedDrafter, _Counting]:
-    counter = _Counting(capture_graph_ref)
+    counter = _Counting(capture_strict)
     return GraphedDrafter(drafter, capture=counter, device_types=("cpu",)), counter
+
+
+def test_the_strict_reference_capture_refuses_host_syncs():
+    for sync in (lambda x: x * int(x.sum()), lambda x: x if bool(x.sum() > 0) else -x, lambda x: x[: x.sum().item()]):
+        step = capture_strict(sync, (torch.ones(2, dtype=torch.long),))  # the warm-up may sync, as on CUDA
+        with pytest.raises(AssertionError, match="host sync"):
+            step(torch.ones(2, dtype=torch.long))
+    assert capture_strict(lambda x: x * 2, (torch.ones(2),))(torch.arange(2.0)).tolist() == [0.0, 2.0]
 
 
 @pytest.fixture(scope="module")
