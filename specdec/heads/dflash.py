@@ -660,7 +660,9 @@ class DFlashHead(nn.Module):
               and buffers.keys.device == device):
             cache = buffers  # the previous run's cache: graphs captured on it stay valid
         else:
-            cache = self.new_cache(B, _round_up(need + 256, 256), device)  # headroom: fewer recaptures
+            # headroom (fewer recaptures): 256 entries plus what the bound may overshoot between resyncs
+            slack = 256 + self.resync_every * (self.num_levels + 1)
+            cache = self.new_cache(B, _round_up(need + slack, 256), device)
         state = DFlashState(cache, torch.zeros(B, dtype=torch.long, device=device), feedback.roots, 0, 0)
         return self.update(state, feedback)
 
