@@ -224,6 +224,27 @@ def test_a_trimming_gate_and_heads_without_hooks_draft_eagerly(target):
     assert counter.calls == 0 and graphed.graph_keys == []
 
 
+def test_a_stateless_head_reads_each_steps_request_on_replay():
+    class RootHead:  # level d drafts root + d: it reads the request, which a replay must not take from the capture
+        feature_layers, num_levels, vocab_size = (1,), 2, VOCAB
+
+        def level_logits(self, state, request):
+            (features,) = state
+            tokens = (request.roots[:, None] + torch.arange(1, 3)) % VOCAB
+            return torch.nn.functional.one_hot(tokens, VOCAB).float() + 0 * features.sum(-1)[:, None, None]
+
+    graphed, counter = _on_cpu(ParallelDrafter(RootHead()))
+    ids = torch.ones(2, 3, dtype=torch.long)
+    state = graphed.start(Feedback(tokens=ids, next_tokens=ids, positions=ids, valid=ids.bool(),
+                                   features=(torch.randn(2, 3, 4),), roots=ids[:, 0]))
+    for roots in ([5, 9], [11, 2], [40, 7]):
+        request = ProposeRequest(roots=torch.tensor(roots), root_positions=torch.tensor([3, 3]), num_drafts=2,
+                                 sampling=SamplingParams(), source=None, active=torch.ones(2, dtype=torch.bool))
+        draft, state = graphed.propose(state, request)
+        assert draft.tokens.tolist() == [[r + 1, r + 2] for r in roots]
+    assert counter.calls == 1  # one capture, replayed on each step's request
+
+
 # --------------------------------------------------------------------------------------------------------
 # generate() through the captured steps
 # --------------------------------------------------------------------------------------------------------

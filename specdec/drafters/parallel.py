@@ -23,8 +23,10 @@ The head protocol (:class:`ParallelHead`)::
 :func:`specdec.graphs.cuda_graphed` captures a step once per shape and replays it. A step's captured function is
 the head's tensor work, then the tree policy (:meth:`~specdec.trees.LevelTree.draft`, with DSpark's transition)
 and the gate (:func:`~specdec.gating.truncate_draft` with ``trim=False``): no host sync. A stateless head's step is
-built here (its inputs: the features at the last committed token). A stateful head makes its steps graphable with
-three optional hooks (P-EAGLE and DFlash / DSpark implement them)::
+built here (its inputs: the features at the last committed token and the request's ``roots``, ``root_positions``
+and ``active``; a replay sees the first capture's ``sampling`` and ``source``, which a deterministic head
+ignores). A stateful head makes its steps graphable with three optional hooks (P-EAGLE and DFlash / DSpark
+implement them)::
 
     head.start(feedback, *, static=False, buffers=None) -> state   # static: buffers that stay put, with headroom
     head.draft_step(state, request) -> Step     # fn(*inputs) -> (LevelOutput, carry); finish(carry) -> state
@@ -287,10 +289,16 @@ class ParallelDrafter:
 
             return Step(fn=call, inputs=(), finish=lambda carry: carry, key=None)
 
-        def stateless(*features: torch.Tensor) -> tuple[LevelOutput, None]:
-            return self._level_outputs(features, request), None
+        n = len(state)
 
-        return Step(fn=stateless, inputs=tuple(state), finish=lambda _: state, key=("stateless",))
+        def stateless(*inputs: torch.Tensor) -> tuple[LevelOutput, None]:
+            # a replay reuses the first capture's closure: the request's tensors must come in as inputs
+            roots, root_positions, active = inputs[n:]
+            now = request._replace(roots=roots, root_positions=root_positions, active=active)
+            return self._level_outputs(tuple(inputs[:n]), now), None
+
+        inputs = (*state, request.roots, request.root_positions, request.active)
+        return Step(fn=stateless, inputs=inputs, finish=lambda _: state, key=("stateless", request.num_drafts))
 
     def _level_outputs(self, head_state: Any, request: ProposeRequest) -> LevelOutput:
         if self._outputs:
