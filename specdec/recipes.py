@@ -170,7 +170,7 @@ def medusa_tree(tree, num_levels: int) -> LevelTree:
     return tree if isinstance(tree, LevelTree) else LevelTree(tree)
 
 
-def medusa(head, tree="mc_sim_7b_63") -> ParallelDrafter:
+def medusa(head, tree="mc_sim_7b_63", *, cuda_graphs: bool = True) -> ParallelDrafter | GraphedDrafter:
     """Medusa: Medusa heads (one forward of all heads per step) drafting a level-wise tree.
 
     Lossless: the drafts are deterministic given the target's features, so ``generate()`` verifies them with the
@@ -180,9 +180,10 @@ def medusa(head, tree="mc_sim_7b_63") -> ParallelDrafter:
         head: a :class:`~specdec.heads.MedusaHead` (Medusa-1 heads, or Medusa-2 heads with their fine-tuned target).
         tree: ``"mc_sim_7b_63"`` (the authors' default 63-node tree), ``"chain"`` (top-1 of each head), a preset
             name, tree choices (e.g. from :func:`specdec.trees.optimal_tree`) or a compiled tree.
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
-        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`, wrapped with ``cuda_graphed`` when ``cuda_graphs``.
 
     Example:
         >>> drafter = medusa(load_medusa_head("FasterDecoding/medusa-vicuna-7b-v1.3", target))  # doctest: +SKIP
@@ -190,26 +191,27 @@ def medusa(head, tree="mc_sim_7b_63") -> ParallelDrafter:
     References:
         Cai et al., "Medusa", arXiv 2401.10774.
     """
-    return ParallelDrafter(head, medusa_tree(tree, head.num_levels))
+    return _graphed(ParallelDrafter(head, medusa_tree(tree, head.num_levels)), cuda_graphs)
 
 
-def medusa1(head, tree="mc_sim_7b_63") -> ParallelDrafter:
+def medusa1(head, tree="mc_sim_7b_63", *, cuda_graphs: bool = True) -> ParallelDrafter | GraphedDrafter:
     """Medusa-1: heads trained on a frozen target (:func:`specdec.training.train_medusa1`). Same as :func:`medusa`.
 
     Args:
         head: a :class:`~specdec.heads.MedusaHead`.
         tree: see :func:`medusa`.
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
-        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`, wrapped with ``cuda_graphed`` when ``cuda_graphs``.
 
     References:
         Medusa arXiv 2401.10774 (Sec. 2.3.1).
     """
-    return medusa(head, tree)
+    return medusa(head, tree, cuda_graphs=cuda_graphs)
 
 
-def medusa2(head, tree="mc_sim_7b_63") -> ParallelDrafter:
+def medusa2(head, tree="mc_sim_7b_63", *, cuda_graphs: bool = True) -> ParallelDrafter | GraphedDrafter:
     """Medusa-2: heads trained jointly with the target (:func:`specdec.training.train_medusa2`).
 
     The fine-tuned target is a *new* target: run this drafter with it, and judge losslessness against that
@@ -218,14 +220,15 @@ def medusa2(head, tree="mc_sim_7b_63") -> ParallelDrafter:
     Args:
         head: the Medusa-2 :class:`~specdec.heads.MedusaHead`.
         tree: see :func:`medusa`.
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
-        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`, wrapped with ``cuda_graphed`` when ``cuda_graphs``.
 
     References:
         Medusa arXiv 2401.10774 (Sec. 2.3.2).
     """
-    return medusa(head, tree)
+    return medusa(head, tree, cuda_graphs=cuda_graphs)
 
 
 def typical_acceptance(posterior_threshold: float = 0.09, posterior_alpha: float = 0.3) -> Callable:
@@ -277,7 +280,7 @@ class LossyRecipe(NamedTuple):
 
 
 def medusa_typical(head, tree="mc_sim_7b_63", *, posterior_threshold: float = 0.09,
-                   posterior_alpha: float = 0.3) -> LossyRecipe:
+                   posterior_alpha: float = 0.3, cuda_graphs: bool = True) -> LossyRecipe:
     """Medusa with typical acceptance, as the authors run it at T > 0. **NOT lossless.**
 
     Typical acceptance accepts longer drafts than rejection sampling but its output does not follow the target's
@@ -288,6 +291,7 @@ def medusa_typical(head, tree="mc_sim_7b_63", *, posterior_threshold: float = 0.
         head: a :class:`~specdec.heads.MedusaHead`.
         tree: see :func:`medusa`.
         posterior_threshold, posterior_alpha: see :func:`typical_acceptance`.
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
         A :class:`LossyRecipe` ``(drafter, verifier)``.
@@ -299,10 +303,12 @@ def medusa_typical(head, tree="mc_sim_7b_63", *, posterior_threshold: float = 0.
     References:
         Medusa arXiv 2401.10774 (Sec. 2.3.1).
     """
-    return LossyRecipe(medusa(head, tree), typical_acceptance(posterior_threshold, posterior_alpha))
+    return LossyRecipe(medusa(head, tree, cuda_graphs=cuda_graphs),
+                       typical_acceptance(posterior_threshold, posterior_alpha))
 
 
-def peagle(head, tree=None, *, num_drafts: int | None = None) -> ParallelDrafter:
+def peagle(head, tree=None, *, num_drafts: int | None = None,
+           cuda_graphs: bool = True) -> ParallelDrafter | GraphedDrafter:
     """P-EAGLE: a :class:`~specdec.heads.PEagleHead` drafting all levels in one forward (chain or level-wise tree).
 
     Lossless: the drafts are a deterministic function of the committed tokens and the target's features, so
@@ -315,9 +321,10 @@ def peagle(head, tree=None, *, num_drafts: int | None = None) -> ParallelDrafter
             (preset name, tree choices, a compiled tree, a :class:`~specdec.trees.LevelTree`): node
             ``(r_1, ..., r_d)`` holds rank ``r_d`` of level ``d``'s logits.
         num_drafts: chain length ``K`` (default: the head's ``max_drafts``); ignored with a tree.
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
-        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`, wrapped with ``cuda_graphed`` when ``cuda_graphs``.
 
     Example:
         >>> drafter = peagle(load_peagle_head("out/peagle/final", target), num_drafts=6)  # doctest: +SKIP
@@ -330,8 +337,8 @@ def peagle(head, tree=None, *, num_drafts: int | None = None) -> ParallelDrafter
         if not 1 <= depth <= head.num_levels:
             raise ValueError(f"num_drafts must lie in [1, {head.num_levels}] (the head's max_drafts), got {depth}: "
                              f"train or load a head with more levels")
-        return ParallelDrafter(head, LevelTree.chain(depth))
-    return ParallelDrafter(head, medusa_tree(tree, head.num_levels))
+        return _graphed(ParallelDrafter(head, LevelTree.chain(depth)), cuda_graphs)
+    return _graphed(ParallelDrafter(head, medusa_tree(tree, head.num_levels)), cuda_graphs)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -345,7 +352,7 @@ def _block_tree(head, tree) -> LevelTree:
     return LevelTree.chain(head.num_levels) if tree is None else medusa_tree(tree, head.num_levels)
 
 
-def dflash(head, tree=None) -> ParallelDrafter:
+def dflash(head, tree=None, *, cuda_graphs: bool = True) -> ParallelDrafter | GraphedDrafter:
     """DFlash: a block drafter (mask slots after the anchor, target features as context) drafting every level in
     one forward; a chain of the levels' top-1s by default, or a level-wise tree from per-level top-k (as Medusa).
 
@@ -358,9 +365,10 @@ def dflash(head, tree=None) -> ParallelDrafter:
         tree: ``None`` (the chain of ``head.num_levels`` top-1s, as z-lab and vLLM draft), ``"chain"``, a preset
             name, tree choices or a :class:`~specdec.trees.LevelTree` (node ``(r_1..r_d)`` = rank ``r_d`` of level
             ``d``).
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
-        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`, wrapped with ``cuda_graphed`` when ``cuda_graphs``.
 
     Example:
         >>> drafter = dflash(load_dflash_head("z-lab/Qwen3-8B-DFlash-b16", target))   # doctest: +SKIP
@@ -368,10 +376,10 @@ def dflash(head, tree=None) -> ParallelDrafter:
     References:
         DFlash arXiv 2602.06036.
     """
-    return ParallelDrafter(head, _block_tree(head, tree))
+    return _graphed(ParallelDrafter(head, _block_tree(head, tree)), cuda_graphs)
 
 
-def dspark(head, tree=None, *, gate="confidence") -> ParallelDrafter:
+def dspark(head, tree=None, *, gate="confidence", cuda_graphs: bool = True) -> ParallelDrafter | GraphedDrafter:
     """DSpark: DFlash plus a Markov head (each node's logits biased by its parent's token) and a confidence head
     that cuts each row's verified depth (confidence-gated verification).
 
@@ -385,9 +393,10 @@ def dspark(head, tree=None, *, gate="confidence") -> ParallelDrafter:
         gate: ``"confidence"`` (default: :class:`specdec.gating.ConfidenceGate` ``(threshold=0.5)`` when the head
             has a confidence head, none otherwise), ``None`` (verify every level), or a callable
             ``confidence [B, D] -> lengths [B]`` (e.g. ``ConfidenceGate(0.3)``).
+        cuda_graphs: wrap the drafter with :func:`specdec.graphs.cuda_graphed` (CUDA graphs on CUDA).
 
     Returns:
-        A :class:`~specdec.drafters.parallel.ParallelDrafter`.
+        A :class:`~specdec.drafters.parallel.ParallelDrafter`, wrapped with ``cuda_graphed`` when ``cuda_graphs``.
 
     References:
         DSpark arXiv 2607.05147 (Markov head; confidence head; adaptive verification).
@@ -401,4 +410,5 @@ def dspark(head, tree=None, *, gate="confidence") -> ParallelDrafter:
 
             gate = ConfidenceGate(threshold=0.5)
     policy = _block_tree(head, tree)
-    return ParallelDrafter(head, policy) if gate is None else ParallelDrafter(head, policy, gate=gate)
+    drafter = ParallelDrafter(head, policy) if gate is None else ParallelDrafter(head, policy, gate=gate)
+    return _graphed(drafter, cuda_graphs)

@@ -18,6 +18,25 @@ The head protocol (:class:`ParallelHead`)::
     head.start(feedback) -> state            # after the prompt's target pass
     head.update(state, feedback) -> state    # after each verification step
 
+**CUDA graphs.** :class:`ParallelDrafter` is a :class:`~specdec.graphs.GraphableDrafter`: ``propose`` is
+``run_step(draft_step(...))`` and ``update`` is ``run_step(absorb_step(...))``, so
+:func:`specdec.graphs.cuda_graphed` captures a step once per shape and replays it. A step's captured function is
+the head's tensor work, then the tree policy (:meth:`~specdec.trees.LevelTree.draft`, with DSpark's transition)
+and the gate (:func:`~specdec.gating.truncate_draft` with ``trim=False``): no host sync. A stateless head's step is
+built here (its inputs: the features at the last committed token and the request's ``roots``, ``root_positions``
+and ``active``; a replay sees the first capture's ``sampling`` and ``source``, which a deterministic head
+ignores). A stateful head makes its steps graphable with three optional hooks (P-EAGLE and DFlash / DSpark
+implement them)::
+
+    head.start(feedback, *, static=False, buffers=None) -> state   # static: buffers that stay put, with headroom
+    head.draft_step(state, request) -> Step     # fn(*inputs) -> (LevelOutput, carry); finish(carry) -> state
+    head.absorb_step(state, feedback) -> Step   # fn(*inputs) -> carry;                finish(carry) -> state
+
+``carry`` is whatever tensors the successor state needs from the device (``None`` if none); ``finish`` does the
+host-side bookkeeping (a host-side bound of the row lengths, a deliberate resync every few updates). A stateful
+head without the hooks runs eagerly under the wrapper (its steps have ``key=None``); so does a gate with
+``trim=True`` (it reads the kept width: a host sync).
+
 A head without ``start`` / ``update`` is stateless: its state is the target's features at the *last committed
 token* of each row (:func:`last_committed_features`), the token whose target logits gave the root. That is what
 Medusa reads: head ``k`` at that feature predicts the token ``k + 2`` positions after it, i.e. tree level
@@ -43,6 +62,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 
 from ..gating import truncate_draft
+from ..graphs import Step, run_step
 from ..trees.level import LevelTree, as_level_policy
 from ..types import Draft
 from .base import Feedback, ProposeRequest
@@ -95,6 +115,15 @@ class ParallelHead(Protocol):
 
         A head may also define ``level_outputs(state, request) -> LevelOutput`` (logits plus DSpark's confidence
         and transition); :class:`ParallelDrafter` calls it instead when present.
+
+        A stateful head (``start`` / ``update``) may also define the step hooks that make it capturable by
+        :func:`specdec.graphs.cuda_graphed` (the module docstring): ``start(feedback, *, static=False,
+        buffers=None)``; ``draft_step(state, request) -> Step`` whose ``fn(*inputs)`` returns
+        ``(LevelOutput, carry)`` and whose ``finish(carry)`` returns the successor state; ``absorb_step(state,
+        feedback) -> Step`` whose ``fn`` returns ``carry`` and whose ``finish(carry)`` returns the new state. Each
+        ``fn`` has static shapes given its ``key`` and input shapes, no host sync, and writes only its
+        ``buffers``; ``update`` / ``level_outputs`` should be ``run_step`` of them (one computation, eager or
+        replayed).
         """
 
 
@@ -124,11 +153,17 @@ def last_committed_features(feedback: Feedback, previous: tuple[torch.Tensor, ..
     Returns:
         One tensor per feature layer. Shape: each ``[B, H_i]``.
     """
-    valid = feedback.valid.bool()
+    return _last_valid(feedback.valid, tuple(feedback.features), previous)
+
+
+def _last_valid(valid: torch.Tensor, features: tuple[torch.Tensor, ...], previous: tuple[torch.Tensor, ...] | None
+                ) -> tuple[torch.Tensor, ...]:
+    """:func:`last_committed_features` on the feedback's ``valid`` and ``features`` alone (a capturable step)."""
+    valid = valid.bool()
     B, M = valid.shape
     last = torch.where(valid, torch.arange(M, device=valid.device), -1).amax(1)        # [B]
     out = []
-    for i, feature in enumerate(feedback.features):
+    for i, feature in enumerate(features):
         picked = feature.gather(1, last.clamp(min=0)[:, None, None].expand(B, 1, feature.shape[-1]))[:, 0]
         if previous is not None:
             picked = torch.where((last >= 0)[:, None], picked, previous[i].to(picked.dtype))
@@ -190,23 +225,30 @@ class ParallelDrafter:
         self.gate = gate
         self._outputs = callable(getattr(head, "level_outputs", None))
         self._stateful = callable(getattr(head, "start", None)) and callable(getattr(head, "update", None))
+        self._steps = self._stateful and all(callable(getattr(head, f, None)) for f in ("draft_step", "absorb_step"))
 
     def __repr__(self) -> str:
         gate = "" if self.gate is None else f", gate={self.gate!r}"
         return f"ParallelDrafter({type(self.head).__name__}, {self.policy!r}{gate})"
 
     @torch.no_grad()
-    def start(self, feedback: Feedback) -> ParallelState:
+    def start(self, feedback: Feedback, *, static: bool = False, buffers: Any = None) -> ParallelState:
         """Build the state from the prompt's target pass.
 
         Args:
             feedback: the prompt's :class:`~specdec.drafters.Feedback` (left padding invalid).
+            static: allocate the head's buffers to stay put (with headroom), for :mod:`specdec.graphs` (heads with
+                the step hooks; others ignore it).
+            buffers: with ``static``, the ``Step.buffers`` of an earlier run, reused when they fit.
 
         Returns:
             A :class:`ParallelState`.
         """
-        state = self.head.start(feedback) if self._stateful else last_committed_features(feedback)
-        return ParallelState(state, 0)
+        if not self._stateful:
+            return ParallelState(last_committed_features(feedback), 0)
+        if self._steps:
+            return ParallelState(self.head.start(feedback, static=static, buffers=buffers), 0)
+        return ParallelState(self.head.start(feedback), 0)
 
     @torch.no_grad()
     def propose(self, state: ParallelState, request: ProposeRequest) -> tuple[Draft, ParallelState]:
@@ -219,32 +261,7 @@ class ParallelDrafter:
         Returns:
             ``(draft, state)``: a ``DETERMINISTIC`` draft.
         """
-        if request.num_drafts < 1:
-            raise ValueError(f"num_drafts must be >= 1 (K = 0 is a plain step and never reaches a drafter), got "
-                             f"{request.num_drafts}")
-        depth = min(self.max_num_drafts, request.num_drafts)
-        if self._outputs:
-            out = self.head.level_outputs(state.head_state, request)
-        else:
-            out = LevelOutput(logits=self.head.level_logits(state.head_state, request))
-        if out.transition is None:
-            draft = self.policy.draft(out.logits, depth)
-        else:
-            draft = self.policy.draft(out.logits, depth, transition=out.transition, roots=request.roots)
-        if self.gate is not None:
-            draft = self._gated(draft, out.confidence, depth)
-        head_state = state.head_state if out.state is None else out.state
-        return draft, state._replace(head_state=head_state, num_forwards=state.num_forwards + 1)
-
-    def _gated(self, draft: Draft, confidence: torch.Tensor | None, depth: int) -> Draft:
-        if confidence is None:
-            raise ValueError(f"the gate needs a confidence but {type(self.head).__name__} gave none: use a head whose "
-                             f"level_outputs returns LevelOutput(confidence=...) (e.g. DSpark's) or drop gate=")
-        if confidence.dim() != 2 or confidence.shape[1] < depth:
-            raise ValueError(f"confidence must have shape [B, D] with D >= {depth} (the drafted depth), got "
-                             f"{tuple(confidence.shape)}")
-        lengths = self.gate(confidence[:, :depth])
-        return truncate_draft(draft, lengths, trim=bool(getattr(self.gate, "trim", False)))
+        return run_step(self.draft_step(state, request))
 
     @torch.no_grad()
     def update(self, state: ParallelState, feedback: Feedback) -> ParallelState:
@@ -257,6 +274,110 @@ class ParallelDrafter:
         Returns:
             The new :class:`ParallelState`.
         """
+        return run_step(self.absorb_step(state, feedback))
+
+    # ---- the steps (specdec.graphs captures them) ------------------------------------------------------
+
+    def _head_draft_step(self, state: Any, request: ProposeRequest) -> Step:
+        """The head's part of a draft step: ``fn(*inputs) -> (LevelOutput, carry)``, ``finish(carry) -> state``."""
+        if self._steps:
+            return self.head.draft_step(state, request)
+        if self._stateful:  # no hooks: one eager call; the successor state rides in the (uncaptured) output
+            def call() -> tuple[LevelOutput, Any]:
+                out = self._level_outputs(state, request)
+                return out, (state if out.state is None else out.state)
+
+            return Step(fn=call, inputs=(), finish=lambda carry: carry, key=None)
+
+        n = len(state)
+
+        def stateless(*inputs: torch.Tensor) -> tuple[LevelOutput, None]:
+            # a replay reuses the first capture's closure: the request's tensors must come in as inputs
+            roots, root_positions, active = inputs[n:]
+            now = request._replace(roots=roots, root_positions=root_positions, active=active)
+            return self._level_outputs(tuple(inputs[:n]), now), None
+
+        inputs = (*state, request.roots, request.root_positions, request.active)
+        return Step(fn=stateless, inputs=inputs, finish=lambda _: state, key=("stateless", request.num_drafts))
+
+    def _level_outputs(self, head_state: Any, request: ProposeRequest) -> LevelOutput:
+        if self._outputs:
+            return self.head.level_outputs(head_state, request)
+        return LevelOutput(logits=self.head.level_logits(head_state, request))
+
+    def draft_step(self, state: ParallelState, request: ProposeRequest) -> Step:
+        """:meth:`propose` as a :class:`~specdec.graphs.Step`: the head's step, then the tree policy and the gate.
+
+        Args:
+            state: from :meth:`start` / :meth:`update`.
+            request: the step's request.
+
+        Returns:
+            A step whose inputs are the head step's inputs then ``request.roots``, and whose ``finish`` returns
+            ``(draft, state)``; its key is ``("propose", depth, <head step's key>)``, or ``None`` where the head's
+            step has none or the gate trims (a host sync).
+        """
+        if request.num_drafts < 1:
+            raise ValueError(f"num_drafts must be >= 1 (K = 0 is a plain step and never reaches a drafter), got "
+                             f"{request.num_drafts}")
+        depth = min(self.max_num_drafts, request.num_drafts)
+        head_step = self._head_draft_step(state.head_state, request)
+        n = len(head_step.inputs)
+        head_fn = head_step.fn
+
+        def draft(*inputs) -> tuple[Draft, Any]:
+            out, carry = head_fn(*inputs[:n])
+            return self._draft(out, depth, inputs[n]), carry
+
+        def finish(outputs: tuple[Draft, Any]) -> tuple[Draft, ParallelState]:
+            draft_, carry = outputs
+            return draft_, ParallelState(head_step.finish(carry), state.num_forwards + 1)
+
+        trims = self.gate is not None and bool(getattr(self.gate, "trim", False))
+        key = None if head_step.key is None or trims else ("propose", depth, head_step.key)
+        return Step(fn=draft, inputs=(*head_step.inputs, request.roots), finish=finish, key=key,
+                    buffers=head_step.buffers)
+
+    def _draft(self, out: LevelOutput, depth: int, roots: torch.Tensor) -> Draft:
+        """The tree policy and the gate on a head's outputs (no host sync unless the gate trims)."""
+        if out.transition is None:
+            draft = self.policy.draft(out.logits, depth)
+        else:
+            draft = self.policy.draft(out.logits, depth, transition=out.transition, roots=roots)
+        if self.gate is not None:
+            draft = self._gated(draft, out.confidence, depth)
+        return draft
+
+    def absorb_step(self, state: ParallelState, feedback: Feedback) -> Step:
+        """:meth:`update` as a :class:`~specdec.graphs.Step`.
+
+        Args:
+            state: the state returned by :meth:`propose`.
+            feedback: the committed entries.
+
+        Returns:
+            A step whose ``finish`` returns the new :class:`ParallelState`. Stateless heads: inputs ``(valid,
+            features, previous features)``, key ``("update",)``; heads with the hooks: the head's step; other
+            stateful heads: an eager step (``key=None``).
+        """
+        if self._steps:
+            head_step = self.head.absorb_step(state.head_state, feedback)
+            return head_step._replace(finish=lambda carry: state._replace(head_state=head_step.finish(carry)))
         if self._stateful:
-            return state._replace(head_state=self.head.update(state.head_state, feedback))
-        return state._replace(head_state=last_committed_features(feedback, state.head_state))
+            return Step(fn=lambda: self.head.update(state.head_state, feedback), inputs=(),
+                        finish=lambda head_state: state._replace(head_state=head_state), key=None)
+
+        wide = feedback.tokens.shape[1] > self.max_num_drafts + 1  # a prompt: one shape per length, run eagerly
+        return Step(fn=_last_valid, inputs=(feedback.valid, tuple(feedback.features), tuple(state.head_state)),
+                    finish=lambda features: state._replace(head_state=tuple(features)),
+                    key=None if wide else ("update",))
+
+    def _gated(self, draft: Draft, confidence: torch.Tensor | None, depth: int) -> Draft:
+        if confidence is None:
+            raise ValueError(f"the gate needs a confidence but {type(self.head).__name__} gave none: use a head whose "
+                             f"level_outputs returns LevelOutput(confidence=...) (e.g. DSpark's) or drop gate=")
+        if confidence.dim() != 2 or confidence.shape[1] < depth:
+            raise ValueError(f"confidence must have shape [B, D] with D >= {depth} (the drafted depth), got "
+                             f"{tuple(confidence.shape)}")
+        lengths = self.gate(confidence[:, :depth])
+        return truncate_draft(draft, lengths, trim=bool(getattr(self.gate, "trim", False)))

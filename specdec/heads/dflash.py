@@ -37,9 +37,15 @@ State and cost per step (:meth:`DFlashHead.start`, :meth:`DFlashHead.update`, :m
 the head keeps each layer's context keys and values of the committed tokens in a cache whose slot is the
 token's position (rows stay aligned, nothing to compact); ``update`` projects the newly committed features into
 it; a draft is one forward of the ``B x block_size`` block over the cache (the block's own keys are written past the
-committed entries, where the next update overwrites them). A host-side bound of the row lengths
-decides how much of the cache is read, so no step syncs with the device (one deliberate sync every
-``resync_every`` updates re-tightens the bound).
+committed entries, where the next update overwrites them). A draft attends over the whole cache under a mask; a
+host-side bound of the row lengths decides when the cache grows, so no step syncs with the device (one deliberate
+sync every ``resync_every`` updates re-tightens the bound).
+
+CUDA graphs: the heads implement :class:`~specdec.drafters.parallel.ParallelDrafter`'s step hooks
+(``start(static=, buffers=)``, ``draft_step``, ``absorb_step``). A step's draft attends over the whole cache (less
+its trash slot) under the mask, so its shapes depend only on the batch size and the capacity; the resync (a host
+sync) happens in the step's host-side ``finish``, outside the captured work. ``static=True`` allocates the cache
+with headroom and reuses an earlier run's when it fits.
 
 References:
     Chen et al., "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036 (z-lab);
@@ -58,6 +64,7 @@ from einops import rearrange
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
+from ..graphs import Step, run_step
 from ..nn import (
     Attention,
     DecoderConfig,
@@ -305,7 +312,7 @@ class DFlashState(NamedTuple):
             trash slot for invalid feedback entries (written in place: a state is consumed by the next call).
         lengths: Shape ``[B]`` int64, committed tokens per row (= the root's position).
         roots: Shape ``[B]`` int64, each row's root (the next block's anchor).
-        bound: host-side upper bound of ``lengths`` (how much of the cache a draft reads; no sync needed).
+        bound: host-side upper bound of ``lengths`` (when the cache must grow; no sync needed).
         since_resync: updates since ``bound`` was last re-tightened.
     """
 
@@ -633,18 +640,29 @@ class DFlashHead(nn.Module):
                              dtype=self.dtype if dtype is None else dtype)
 
     @torch.no_grad()
-    def start(self, feedback) -> DFlashState:
+    def start(self, feedback, *, static: bool = False, buffers: KVCache | None = None) -> DFlashState:
         """Build the state from the prompt's target pass (context K/V of every prompt token).
 
         Args:
             feedback: the prompt's :class:`~specdec.drafters.Feedback` (left padding invalid).
+            static: allocate a cache meant to stay put (with headroom), for :mod:`specdec.graphs`.
+            buffers: with ``static``, the cache of an earlier run (``Step.buffers``), reused when it fits.
 
         Returns:
             A :class:`DFlashState`.
         """
         B, M = feedback.tokens.shape
         device = feedback.tokens.device
-        cache = self.new_cache(B, _round_up(M + 2 * self.config.block_size + 1, 16), device)
+        need = M + 2 * self.config.block_size + 1
+        if not static:
+            cache = self.new_cache(B, _round_up(need, 16), device)
+        elif (buffers is not None and buffers.keys.shape[1] == B and buffers.capacity >= need
+              and buffers.keys.device == device):
+            cache = buffers  # the previous run's cache: graphs captured on it stay valid
+        else:
+            # headroom (fewer recaptures): 256 entries plus what the bound may overshoot between resyncs
+            slack = 256 + self.resync_every * (self.num_levels + 1)
+            cache = self.new_cache(B, _round_up(need + slack, 256), device)
         state = DFlashState(cache, torch.zeros(B, dtype=torch.long, device=device), feedback.roots, 0, 0)
         return self.update(state, feedback)
 
@@ -660,22 +678,69 @@ class DFlashHead(nn.Module):
         Returns:
             The new :class:`DFlashState` (no host sync except one every ``resync_every`` updates).
         """
+        return run_step(self.absorb_step(state, feedback))
+
+    def absorb_step(self, state: DFlashState, feedback) -> Step:
+        """:meth:`update` as a :class:`~specdec.graphs.Step` (capturable; the cache grows before it, on the host).
+
+        Args:
+            state: the previous :class:`DFlashState`.
+            feedback: the step's :class:`~specdec.drafters.Feedback`.
+
+        Returns:
+            A step: inputs ``(lengths, positions, valid, features)``; ``fn`` writes the context K/V and returns
+            the new lengths; key ``("update",)``, or ``None`` for a prompt's width.
+        """
         M = feedback.tokens.shape[1]
         if M == 0:
-            return state._replace(roots=feedback.roots)
+            return Step(fn=lambda: None, inputs=(), finish=lambda _: state._replace(roots=feedback.roots),
+                        buffers=state.cache)
         state = self._ensure_capacity(state, M)
         cache = state.cache
-        valid = feedback.valid.bool()
-        slots = torch.where(valid, feedback.positions, torch.full_like(feedback.positions, cache.capacity - 1))
-        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
-        for i, (k, v) in enumerate(self.context_kv(self.context(feedback.features), feedback.positions)):
-            cache.keys[i][rows, :, slots] = rearrange(k, "b h t d -> b t h d").to(cache.keys.dtype)
-            cache.values[i][rows, :, slots] = rearrange(v, "b h t d -> b t h d").to(cache.values.dtype)
-        lengths = torch.maximum(state.lengths, torch.where(valid, feedback.positions + 1, 0).amax(1))
-        bound, since = state.bound + M, state.since_resync + 1
-        if since >= self.resync_every:
-            bound, since = int(lengths.max()), 0  # deliberate host sync, once per resync_every updates
-        return DFlashState(cache, lengths, feedback.roots, bound, since)
+
+        def absorb(lengths: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                   features: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            valid = valid.bool()
+            slots = torch.where(valid, positions, torch.full_like(positions, cache.capacity - 1))
+            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+            for i, (k, v) in enumerate(self.context_kv(self.context(features), positions)):
+                cache.keys[i][rows, :, slots] = rearrange(k, "b h t d -> b t h d").to(cache.keys.dtype)
+                cache.values[i][rows, :, slots] = rearrange(v, "b h t d -> b t h d").to(cache.values.dtype)
+            return torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1))
+
+        def finish(lengths: torch.Tensor) -> DFlashState:
+            bound, since = state.bound + M, state.since_resync + 1
+            if since >= self.resync_every:
+                bound, since = int(lengths.max()), 0  # deliberate host sync, once per resync_every updates
+            return DFlashState(cache, lengths, feedback.roots, bound, since)
+
+        key = ("update",) if M <= self.num_levels + 1 else None
+        return Step(fn=absorb, inputs=(state.lengths, feedback.positions, feedback.valid, tuple(feedback.features)),
+                    finish=finish, key=key, buffers=cache)
+
+    def draft_step(self, state: DFlashState, request=None) -> Step:
+        """:meth:`level_outputs` as a :class:`~specdec.graphs.Step` over the whole cache (capturable).
+
+        Args:
+            state: from :meth:`start` / :meth:`update`.
+            request: unused (the anchor and its position are the state's roots and lengths).
+
+        Returns:
+            A step: inputs ``(lengths, roots)``; ``fn`` returns ``(LevelOutput, None)``; ``finish`` returns the
+            state unchanged; key ``("block",)``.
+        """
+        cache = state.cache
+
+        def draft(lengths: torch.Tensor, roots: torch.Tensor) -> tuple[LevelOutput, None]:
+            hidden = self.level_hidden(self.draft_hidden(DFlashState(cache, lengths, roots, 0, 0)))
+            return self._outputs(hidden, roots), None
+
+        return Step(fn=draft, inputs=(state.lengths, state.roots), finish=lambda _: state, key=("block",),
+                    buffers=cache)
+
+    def _outputs(self, hidden: torch.Tensor, roots: torch.Tensor) -> LevelOutput:
+        """What a step drafts from, given the levels' hidden states ``[B, D, H]`` (DFlash: the logits alone)."""
+        return LevelOutput(logits=self.logits(hidden))
 
     def _ensure_capacity(self, state: DFlashState, width: int) -> DFlashState:
         need = state.bound + width + self.config.block_size + 1  # the next block's slots, then the trash slot
@@ -704,14 +769,13 @@ class DFlashHead(nn.Module):
         Returns:
             Shape ``[B, bs, H]``: the normed hidden state of every slot.
         """
-        lengths = state.lengths
+        cache, lengths = state.cache, state.lengths
         B, bs = lengths.shape[0], self.config.block_size
-        n = state.bound + bs  # <= capacity - 1: the trash slot is never read
+        n = cache.capacity - 1  # the whole cache but its trash slot, under the mask: the same shapes every step
         positions = lengths[:, None] + torch.arange(bs, device=lengths.device)
         sees = torch.arange(n, device=lengths.device) < (lengths + bs)[:, None]
         mask = sees[:, None, None, :].expand(B, 1, bs, n)
-        return self.run_layers(self.block_tokens(state.roots), positions,
-                               cached_attention(state.cache, positions, mask, n))
+        return self.run_layers(self.block_tokens(state.roots), positions, cached_attention(cache, positions, mask, n))
 
     @torch.no_grad()
     def level_logits(self, state: DFlashState, request=None) -> torch.Tensor:
@@ -871,7 +935,10 @@ class DSparkHead(DFlashHead):
         Returns:
             ``LevelOutput(logits [B, D, V], confidence [B, D] or None, transition or None)``.
         """
-        hidden = self.level_hidden(self.draft_hidden(state))                                       # [B, D, H]
+        return self._outputs(self.level_hidden(self.draft_hidden(state)), state.roots)
+
+    def _outputs(self, hidden: torch.Tensor, roots: torch.Tensor) -> LevelOutput:
+        """Base logits, the transition and the greedy chain's confidences from the levels' hidden ``[B, D, H]``."""
         logits = self.logits(hidden)
         transition = None
         if self.markov_head is not None:
@@ -880,7 +947,7 @@ class DSparkHead(DFlashHead):
                 return self.markov_bias(prev_tokens, h).to(logits.dtype)
         confidence = None
         if self.confidence_head is not None:
-            prev = self.chain_prev_tokens(logits, state.roots, transition)
+            prev = self.chain_prev_tokens(logits, roots, transition)
             confidence = torch.sigmoid(self.confidence_logits(hidden, prev).float())
         return LevelOutput(logits=logits, confidence=confidence, transition=transition)
 

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
+from ..graphs import Step, run_step
 from ..kernels.parallel_inputs import parallel_draft_inputs
 from .eagle import Eagle3Head, EagleConfig, HeadCache, _config_from_target, default_feature_layers, target_dims
 
@@ -105,15 +106,18 @@ class PEagleState(NamedTuple):
         cache: the head's KV cache (slot = position; written in place, so a state is consumed, not reused).
         pending: the committed entries the next forward absorbs (tokens ``[B, M]``, hidden ``[B, M, H]``,
             ``num_valid [B]``, ``next_tokens [B]`` = the new roots, ``starts [B]`` = position of entry 0).
-        bound: host-side upper bound of ``starts`` (sizes the cache and the attended length; no host sync).
+        bound: host-side upper bound of ``starts`` (when the cache must grow; no host sync).
         written: whether a forward has already written ``pending`` into the cache (then :meth:`PEagleHead.update`
             need not absorb it first).
+        since_resync: updates since ``bound`` was last re-tightened (one deliberate host sync every
+            ``PEagleHead.resync_every`` updates).
     """
 
     cache: HeadCache
     pending: _Pending
     bound: int
     written: bool = False
+    since_resync: int = 0
 
 
 def _round_up(n: int, m: int = 16) -> int:
@@ -133,7 +137,11 @@ class PEagleHead(Eagle3Head):
     and ``q_d = \\mathrm{softmax}(\\mathrm{lm\\_head}(\\mathrm{norm}(o_{n-1+d-1})))`` for levels ``d = 1..K``.
 
     Implements :class:`~specdec.drafters.parallel.ParallelHead` (stateful: ``start`` / ``update`` store the
-    committed entries, ``level_logits`` runs the one forward that absorbs them and drafts).
+    committed entries, ``level_logits`` runs the one forward that absorbs them and drafts) with the step hooks
+    (``draft_step`` / ``absorb_step`` / ``start(static=)``) that let :func:`specdec.graphs.cuda_graphed` capture
+    them: the steps attend over the whole cache under the causal mask (static shapes per batch, capacity, width
+    and ``K``), and ``bound``, a host-side upper bound of the rows' starts, only decides when the cache grows
+    (re-tightened by one deliberate host sync every ``resync_every`` updates).
 
     Args:
         config: a :class:`PEagleConfig`.
@@ -150,6 +158,8 @@ class PEagleHead(Eagle3Head):
     """
 
     kind = "P-EAGLE"
+    #: updates between the deliberate host syncs that re-tighten the cache bound
+    resync_every: int = 16
 
     def __init__(self, config: PEagleConfig, embed_weight: torch.Tensor, d2t: torch.Tensor | None = None,
                  t2d: torch.Tensor | None = None):
@@ -277,17 +287,18 @@ class PEagleHead(Eagle3Head):
 
     # ---- the stateful protocol -------------------------------------------------------------------------
 
-    def _pending(self, feedback, starts: torch.Tensor) -> _Pending:
+    def _pending(self, tokens: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, roots: torch.Tensor,
+                 features: tuple[torch.Tensor, ...], starts: torch.Tensor) -> _Pending:
         """Left-align the feedback's valid entries (a prompt is left-padded) and project its features."""
-        valid = feedback.valid.bool()
+        valid = valid.bool()
         B, M = valid.shape
         first = valid.long().argmax(1)                                                    # 0 where none is valid
         index = (first[:, None] + torch.arange(M, device=valid.device)).clamp(max=M - 1)   # [B, M]
         hidden = self.features_to_hidden(tuple(f.gather(1, index[..., None].expand(-1, -1, f.shape[-1]))
-                                               for f in feedback.features))
+                                               for f in features))
         num_valid = valid.sum(1)
-        starts = torch.where(num_valid > 0, feedback.positions.gather(1, first[:, None])[:, 0], starts)
-        return _Pending(feedback.tokens.gather(1, index), hidden, num_valid, feedback.roots.long(), starts)
+        starts = torch.where(num_valid > 0, positions.gather(1, first[:, None])[:, 0], starts)
+        return _Pending(tokens.gather(1, index), hidden, num_valid, roots.long(), starts)
 
     def _with_capacity(self, cache: HeadCache | None, batch: int, need: int, device) -> HeadCache:
         if cache is not None and cache.capacity >= need:
@@ -299,19 +310,31 @@ class PEagleHead(Eagle3Head):
         return new
 
     @torch.no_grad()
-    def start(self, feedback) -> PEagleState:
+    def start(self, feedback, *, static: bool = False, buffers: HeadCache | None = None) -> PEagleState:
         """Store the prompt's entries (absorbed by the first :meth:`level_logits`).
 
         Args:
             feedback: the prompt's :class:`~specdec.drafters.Feedback` (left padding invalid).
+            static: allocate a cache meant to stay put (with headroom), for :mod:`specdec.graphs`.
+            buffers: with ``static``, the cache of an earlier run (``Step.buffers``), reused when it fits.
 
         Returns:
             A :class:`PEagleState`.
         """
         B, M = feedback.tokens.shape
         device = feedback.tokens.device
-        pending = self._pending(feedback, torch.zeros(B, dtype=torch.long, device=device))
-        cache = self._with_capacity(None, B, M + 2 * self.num_levels + 1, device)
+        pending = self._pending(feedback.tokens, feedback.valid, feedback.positions, feedback.roots,
+                                tuple(feedback.features), torch.zeros(B, dtype=torch.long, device=device))
+        need = M + 2 * self.num_levels + 1
+        if not static:
+            cache = self._with_capacity(None, B, need, device)
+        elif (buffers is not None and buffers.keys.shape[1] == B and buffers.capacity >= need
+              and buffers.keys.device == device):
+            cache = buffers  # the previous run's cache: graphs captured on it stay valid
+        else:
+            # headroom (fewer recaptures): 256 entries plus what the bound may overshoot between resyncs
+            slack = 256 + self.resync_every * (self.num_levels + 1)
+            cache = self.new_cache(B, _round_up(need + slack, 256), device)
         return PEagleState(cache, pending, 0)
 
     @torch.no_grad()
@@ -325,14 +348,74 @@ class PEagleHead(Eagle3Head):
         Returns:
             The new :class:`PEagleState`.
         """
+        return run_step(self.absorb_step(state, feedback))
+
+    # ---- the steps (specdec.graphs captures them through ParallelDrafter) ----------------------------------
+
+    def _narrow(self, width: int) -> bool:
+        return width <= self.num_levels + 1  # a step's entries; a prompt is wider (one shape per length: eager)
+
+    def draft_step(self, state: PEagleState, request) -> Step:
+        """:meth:`level_outputs` as a :class:`~specdec.graphs.Step` over the whole cache (capturable).
+
+        Args:
+            state: from :meth:`start` / :meth:`update`.
+            request: the step's :class:`~specdec.drafters.ProposeRequest` (its ``num_drafts`` sets ``K``).
+
+        Returns:
+            A step: inputs the pending entries (tokens, hidden, num_valid, next_tokens, starts); ``fn`` returns
+            ``(LevelOutput(logits [B, K, V]), None)``; ``finish`` returns the state marked written; key
+            ``("peagle", K)``, or ``None`` while the pending entries are a prompt's.
+        """
+        K = max(1, min(self.num_levels, int(request.num_drafts)))
+        cache = state.cache
+
+        def draft(*pending: torch.Tensor) -> tuple[LevelOutput, None]:
+            return LevelOutput(logits=self.draft_block(_Pending(*pending), cache, K, cache.capacity)), None
+
+        key = ("peagle", K) if self._narrow(state.pending.tokens.shape[1]) else None
+        return Step(fn=draft, inputs=tuple(state.pending), finish=lambda _: state._replace(written=True), key=key,
+                    buffers=cache)
+
+    def absorb_step(self, state: PEagleState, feedback) -> Step:
+        """:meth:`update` as a :class:`~specdec.graphs.Step` (capturable; the cache grows before it, on the host).
+
+        Args:
+            state: the current state.
+            feedback: the step's :class:`~specdec.drafters.Feedback`.
+
+        Returns:
+            A step: inputs the old pending entries (only their ``(starts, num_valid)`` once a forward wrote
+            them), then the feedback's tokens, valid, positions, roots and features; ``fn`` returns the new pending
+            entries (after absorbing the old ones into the cache when no forward did: a plain step); key
+            ``("update", written)``, or ``None`` for a prompt's width.
+        """
         old = state.pending
         width = old.tokens.shape[1]
-        if not state.written:  # a plain step (K = 0) ran no forward: absorb the entries now
-            self.draft_block(old, state.cache, 1, min(state.cache.capacity, state.bound + width))
-        bound = state.bound + width  # each row's new start <= its old start + its old entries
         B, M = feedback.tokens.shape
+        bound = state.bound + width  # each row's new start <= its old start + its old entries
         cache = self._with_capacity(state.cache, B, bound + M + self.num_levels, feedback.tokens.device)
-        return PEagleState(cache, self._pending(feedback, old.starts + old.num_valid), bound)
+        written = state.written
+
+        def absorb(old_inputs: tuple, fb_tokens, fb_valid, fb_positions, fb_roots, features) -> _Pending:
+            if written:  # a forward already wrote the old entries: only where they end is needed
+                starts, num_valid = old_inputs
+            else:  # a plain step (K = 0) ran no forward: absorb the entries now
+                pending = _Pending(*old_inputs)
+                self.draft_block(pending, cache, 1, cache.capacity)
+                starts, num_valid = pending.starts, pending.num_valid
+            return self._pending(fb_tokens, fb_valid, fb_positions, fb_roots, features, starts + num_valid)
+
+        def finish(pending: _Pending) -> PEagleState:
+            new_bound, since = bound, state.since_resync + 1
+            if since >= self.resync_every:
+                new_bound, since = int(pending.starts.max()), 0  # deliberate host sync, once per resync_every
+            return PEagleState(cache, _Pending(*pending), new_bound, False, since)
+
+        key = ("update", written) if self._narrow(M) and (written or self._narrow(width)) else None
+        inputs = ((old.starts, old.num_valid) if written else tuple(old), feedback.tokens, feedback.valid,
+                  feedback.positions, feedback.roots, tuple(feedback.features))
+        return Step(fn=absorb, inputs=inputs, finish=finish, key=key, buffers=cache)
 
     @torch.no_grad()
     def level_logits(self, state: PEagleState, request=None) -> torch.Tensor:
@@ -347,9 +430,8 @@ class PEagleHead(Eagle3Head):
             again, harmlessly); :meth:`level_outputs` returns the marked successor.
         """
         K = self.num_levels if request is None else max(1, min(self.num_levels, int(request.num_drafts)))
-        pending = state.pending
-        kv_length = min(state.cache.capacity, state.bound + pending.tokens.shape[1] + K - 1)
-        return self.draft_block(pending, state.cache, K, kv_length)
+        # the whole cache under the causal mask: the same shapes every step (CUDA graphs)
+        return self.draft_block(state.pending, state.cache, K, state.cache.capacity)
 
     @torch.no_grad()
     def level_outputs(self, state: PEagleState, request=None) -> LevelOutput:
