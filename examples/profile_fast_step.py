@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -79,6 +80,7 @@ def _in_region(counter: OpCounter, region: str, fn: Callable) -> Callable:
 
 
 def _kernel(counter: OpCounter, name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)  # keeps the attributes callers read (a verifier's ``takes_logits``)
     def run(*args, **kwargs):
         counter.ops["kernels"][name] += 1
         with counter.within("kernels"):
