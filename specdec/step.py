@@ -166,10 +166,16 @@ def _all_rows(roots: torch.Tensor) -> torch.Tensor:
 def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock) -> StepOutput:
     """A step without drafts: HF's one-token decode, the token kept at once."""
     # 2. Target forward of each root on the cache, with the mask HF would build (none without padding).
-    out, cache = adapter.decode(state.cache, state.roots)
-    _tick(clock, "target")
-    # 3. Nothing to verify: the next token is the argmax, or a draw from the processed target law.
-    next_tokens = next_token(out.logits[:, -1], sampling, source)
+    # 3. Nothing to verify: the next token is the argmax, or a draw from the processed target law. (The fast path
+    # takes the argmax inside its captured forward: the same op on the same logits.)
+    decode_argmax = getattr(adapter, "decode_argmax", None) if sampling.is_greedy else None
+    if decode_argmax is not None:
+        out, cache, next_tokens = decode_argmax(state.cache, state.roots)
+        _tick(clock, "target")
+    else:
+        out, cache = adapter.decode(state.cache, state.roots)
+        _tick(clock, "target")
+        next_tokens = next_token(out.logits[:, -1], sampling, source)
     _tick(clock, "verify")
     drafter_state = state.drafter_state
     if drafter is not None:
