@@ -520,6 +520,9 @@ class StaticAdapter:
         runner = buf.runners.get(size) if size <= self.buckets[-1] else None
         if runner is not None:
             tok_s, pos_s, mask_s, slot_s = runner.inputs
+            # The real nodes' columns of the captured inputs, as views made once per node count.
+            tok_m, pos_m = buf.consts.get(("inputs", size, M)) or buf.consts.setdefault(
+                ("inputs", size, M), (tok_s[:, :M], pos_s[:, :M]))
         else:
             device = tokens.device
             tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
@@ -527,8 +530,9 @@ class StaticAdapter:
             mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(self.model.dtype).min,
                                 dtype=self.model.dtype, device=device)
             slot_s = torch.zeros(size, dtype=torch.long, device=device)
-        tok_s[:, :M].copy_(tokens)
-        pos_s[:, :M].copy_(positions)
+            tok_m, pos_m = tok_s[:, :M], pos_s[:, :M]
+        tok_m.copy_(tokens)
+        pos_m.copy_(positions)
         if size > M:  # padding nodes: absent (parent -1), each sees only itself
             pad = self._const(buf, ("pad", size - M), lambda: torch.full(
                 (B, size - M), -1, dtype=parents.dtype, device=parents.device))
