@@ -345,10 +345,11 @@ def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
     assert alive() is None
 
 
-def test_plain_steps_keep_the_mask_row_a_full_rebuild_would_give():
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_steps_keep_the_mask_row_a_full_rebuild_would_give(device):
     """The plain step's mask row, updated one column per step, equals tree_mask_ref's row built from scratch."""
-    model = tiny_model("llama")
-    ids, mask = _prompts(3)
+    model = tiny_model("llama").to(device)
+    ids, mask = _prompts(3, device)
     fast = StaticAdapter(model, capacity=capacity_for(ids.shape[1], 16, 64))
     _, state = fast.prefill(ids, mask)
     rng = random.Random(1)
@@ -356,24 +357,25 @@ def test_plain_steps_keep_the_mask_row_a_full_rebuild_would_give():
         for _ in range(plain_steps):
             Lc = state.committed
             before = state.committed_valid.clone()
-            _, state = fast.decode(state, torch.full((3,), 5 + k))
+            _, state = fast.decode(state, torch.full((3,), 5 + k, device=device))
             row = fast._store.buffers.plain.runner.inputs[2]
-            root = torch.full((3, 1), -1)
+            root = torch.full((3, 1), -1, device=device)
             want = tree_mask_ref(before, root, root < 0, torch.float32).mask[..., :Lc + 1]
             assert torch.equal(row[..., :Lc + 1], want)
             assert bool((row[..., Lc + 1:] == torch.finfo(torch.float32).min).all())
-        parents = random_forest(rng, 3, 5)  # then a tree step with ragged commits: holes in the committed slots
+        parents = random_forest(rng, 3, 5).to(device)  # then a tree step with ragged commits: holes in the slots
         tokens, positions, present = _tree_inputs(state, parents, k)
         _, state = fast.forward(state, tokens, parents, positions, present)
         paths = [_random_path(row) for row in parents.tolist()]
         width = max(len(p) for p in paths)
-        keep = torch.tensor([p + [-1] * (width - len(p)) for p in paths])
-        state = fast.commit(state, keep, torch.tensor([len(p) for p in paths]))
+        keep = torch.tensor([p + [-1] * (width - len(p)) for p in paths], device=device)
+        state = fast.commit(state, keep, torch.tensor([len(p) for p in paths], device=device))
 
 
-def test_plain_and_tree_steps_interleaved_emit_the_eager_tokens():
-    model = tiny_model("llama", scale=3.0)
-    ids, mask = _prompts(3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_and_tree_steps_interleaved_emit_the_eager_tokens(device):
+    model = tiny_model("llama", scale=3.0).to(device)
+    ids, mask = _prompts(3, device)
     drafter = _drafter("eagle2", model)
     eager, fast = ModelAdapter(model, drafter.feature_layers), StaticAdapter(
         model, drafter.feature_layers, capacity=capacity_for(ids.shape[1], 40, 64))
@@ -384,6 +386,8 @@ def test_plain_and_tree_steps_interleaved_emit_the_eager_tokens():
         out_f = step(fast, out_f.state, drafter=drafter, num_drafts=k)
         assert out_e.emitted == out_f.emitted
         assert torch.equal(out_e.state.cache.lengths, out_f.state.cache.lengths)
+    if device == "cuda":  # the plain step's forward was captured as a graph and replayed
+        assert fast._store.buffers.plain.runner is not None
 
 
 class _CountOutsideCaptures(TorchDispatchMode):
