@@ -250,6 +250,23 @@ class StaticCacheState(NamedTuple):
         return self.pending_parents.shape[1]
 
 
+class _Plain:
+    """The plain step's captured forward (bucket 1) and what lets its mask row be updated one column at a time.
+
+    Between two plain steps the committed columns of the mask row do not change, except the previous step's own
+    column, which it already made visible: so when the previous forward on these buffers was a plain step at
+    ``Lc - 1`` (``at``), this step only makes its own column ``Lc`` visible, inside the captured forward.
+    """
+
+    __slots__ = ("runner", "tokens", "positions", "at", "high")
+
+    def __init__(self) -> None:
+        self.runner: CapturedStep | None = None
+        self.tokens = self.positions = None  # [B] views of the runner's [B, 1] token and position inputs
+        self.at: int | None = None           # Lc of the last plain step whose mask row is still current
+        self.high = 0                        # first mask column never written as visible since the last rebuild
+
+
 class _Buffers(NamedTuple):
     """One batch size's preallocated tensors and the graphs captured on them."""
 
@@ -258,6 +275,8 @@ class _Buffers(NamedTuple):
     runners: dict          # bucket -> CapturedStep
     high_water: dict       # bucket -> first mask column never written as visible since the last reset
     arange: torch.Tensor   # [largest bucket] int64, for the write slots
+    consts: dict           # constant tensors of this batch size (padding parents, empty pending), made once
+    plain: _Plain          # the plain step's forward
 
 
 class _Store:
@@ -364,7 +383,10 @@ class StaticAdapter:
     @property
     def captured_buckets(self) -> list[int]:
         """The buckets whose forward has been captured for the current batch size."""
-        return sorted(self._store.buffers.runners) if self._store.buffers is not None else []
+        buf = self._store.buffers
+        if buf is None:
+            return []
+        return sorted(set(buf.runners) | ({1} if buf.plain.runner is not None else set()))
 
     def check_positions(self, max_position: int) -> None:
         """Raise a clear error if ``max_position`` is past what the model supports."""
@@ -389,7 +411,8 @@ class StaticAdapter:
         cache = slot_cache(shapes, device)
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
-                                       arange=torch.arange(self.buckets[-1], device=device))
+                                       arange=torch.arange(self.buckets[-1], device=device), consts={},
+                                       plain=_Plain())
         return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
@@ -407,6 +430,27 @@ class StaticAdapter:
             out = self._eager._run(tokens, mask, positions, cache, tree=True)
             return out.logits, out.features
         return run
+
+    def _plain_fn(self, buf: _Buffers) -> Callable:
+        """The plain step's captured function: its own mask column and valid slot set in place, one model call,
+        and the argmax of its logits; returns ``(logits, features, argmax)``."""
+        cache, valid = buf.cache, buf.valid
+
+        def run(tokens, positions, mask, slots):
+            mask.index_fill_(-1, slots, 0.0)  # the token sees itself (the committed columns are already right)
+            valid.index_fill_(1, slots, True)  # kept at once: nothing to compact after a plain step
+            cache.slots = slots
+            out = self._eager._run(tokens, mask, positions, cache, tree=True)
+            return out.logits, out.features, out.logits[:, -1].argmax(-1)
+        return run
+
+    @staticmethod
+    def _const(buf: _Buffers, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``buf.consts[key]``, made by ``make()`` on first use (constant tensors of the batch size)."""
+        value = buf.consts.get(key)
+        if value is None:
+            value = buf.consts[key] = make()
+        return value
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
@@ -438,6 +482,7 @@ class StaticAdapter:
             static.keys[:, :, :T].copy_(layer.keys)
             static.values[:, :, :T].copy_(layer.values)
         buf.valid[:, :T].copy_(dyn.committed_valid)
+        buf.plain.at = None  # the committed slots changed: the plain mask row is rebuilt at the next plain step
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
         return out, StaticCacheState(valid=buf.valid, committed=T, lengths=dyn.lengths, pending_parents=empty,
                                      pending_present=empty.bool(), ticket=self._issue())
@@ -453,20 +498,31 @@ class StaticAdapter:
                              "continue from the state this adapter's prefill() returned")
         return buf
 
+    def _check_room(self, state: StaticCacheState, size: int, num_nodes: int) -> None:
+        Lc, P = state.committed, state.num_pending
+        if Lc + P + size > self.capacity:
+            raise CapacityError(
+                f"the static cache is full: {Lc} committed + {P} pending + {size} new slots (bucket of {num_nodes} "
+                f"nodes) > capacity {self.capacity}. Build the adapter with a larger capacity (generate(fast=True) "
+                f"sizes it from the prompt, max_new_tokens and the largest bucket).")
+
     def _run_bucket(self, buf: _Buffers, state: StaticCacheState, tokens, parents, positions, present):
-        """Pad the new nodes to their bucket, build the mask in place, run (or replay) the bucket's forward."""
+        """Pad the new nodes to their bucket, build the mask in place, run (or replay) the bucket's forward.
+
+        Returns ``(ForwardOutput, all_parents)``, ``all_parents`` ``[B, P + size]`` (the pending, new and padding
+        nodes' parents).
+        """
         B, M = tokens.shape
         P, Lc = state.num_pending, state.committed
         size = bucket_for(M, self.buckets)
+        self._check_room(state, size, M)
         start = Lc + P
-        if start + size > self.capacity:
-            raise CapacityError(
-                f"the static cache is full: {Lc} committed + {P} pending + {size} new slots (bucket of {M} nodes) "
-                f"> capacity {self.capacity}. Build the adapter with a larger capacity (generate(fast=True) sizes it "
-                f"from the prompt, max_new_tokens and the largest bucket).")
         runner = buf.runners.get(size) if size <= self.buckets[-1] else None
         if runner is not None:
             tok_s, pos_s, mask_s, slot_s = runner.inputs
+            # The real nodes' columns of the captured inputs, as views made once per node count.
+            tok_m, pos_m = buf.consts.get(("inputs", size, M)) or buf.consts.setdefault(
+                ("inputs", size, M), (tok_s[:, :M], pos_s[:, :M]))
         else:
             device = tokens.device
             tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
@@ -474,12 +530,14 @@ class StaticAdapter:
             mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(self.model.dtype).min,
                                 dtype=self.model.dtype, device=device)
             slot_s = torch.zeros(size, dtype=torch.long, device=device)
-        tok_s[:, :M].copy_(tokens)
-        pos_s[:, :M].copy_(positions)
+            tok_m, pos_m = tok_s[:, :M], pos_s[:, :M]
+        tok_m.copy_(tokens)
+        pos_m.copy_(positions)
         if size > M:  # padding nodes: absent (parent -1), each sees only itself
-            pad = torch.full((B, size - M), -1, dtype=parents.dtype, device=parents.device)
+            pad = self._const(buf, ("pad", size - M), lambda: torch.full(
+                (B, size - M), -1, dtype=parents.dtype, device=parents.device))
             all_parents = torch.cat([state.pending_parents, parents, pad], 1)
-            present = torch.cat([present, pad >= 0], 1)
+            present = torch.cat([present, self._const(buf, ("absent", size - M), lambda: pad >= 0)], 1)
         else:
             all_parents = torch.cat([state.pending_parents, parents], 1)
         end = start + size
@@ -489,7 +547,7 @@ class StaticAdapter:
         if high > end:
             mask_s[:, :, :, end:high].fill_(torch.finfo(self.model.dtype).min)
         if size <= buf.arange.shape[0]:
-            torch.add(buf.arange[:size], start, out=slot_s)
+            torch.add(self._const(buf, ("arange", size), lambda: buf.arange[:size]), start, out=slot_s)
         else:
             slot_s.copy_(torch.arange(start, end, device=slot_s.device))
         inputs = (tok_s, pos_s, mask_s, slot_s)
@@ -498,12 +556,47 @@ class StaticAdapter:
         else:
             if runner is None:
                 runner = buf.runners[size] = self._capture_fn()(self._step_fn(buf.cache), inputs)
-                inputs = runner.inputs
             buf.high_water[size] = end
-            logits, feats = runner(*inputs)  # the static inputs themselves: copy_ onto itself is skipped
+            logits, feats = _replay(runner)
         if size > M:
             logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
-        return ForwardOutput(logits=logits, features=tuple(feats))
+        return ForwardOutput(logits=logits, features=tuple(feats)), all_parents
+
+    def _run_plain(self, buf: _Buffers, state: StaticCacheState, tokens: torch.Tensor):
+        """The plain step's forward (bucket 1, its own captured function): one token per row, kept at once.
+
+        The mask row is rebuilt (:func:`~specdec.kernels.tree_mask`) only when the previous forward on these
+        buffers was not a plain step at ``Lc - 1``; otherwise the captured function makes column ``Lc`` visible
+        and nothing else changes. Returns ``(logits [B, 1, V], features, argmax [B])``.
+        """
+        B, Lc = tokens.shape[0], state.committed
+        self._check_room(state, 1, 1)
+        plain, dtype = buf.plain, self.model.dtype
+        runner = plain.runner
+        if runner is None:
+            device = tokens.device
+            inputs = (tokens[:, None].clone(), state.lengths[:, None].clone(),
+                      torch.full((B, 1, 1, self.capacity), torch.finfo(dtype).min, dtype=dtype, device=device),
+                      torch.full((1,), Lc, dtype=torch.long, device=device))
+            plain.at, plain.high = None, 0
+        else:
+            inputs = runner.inputs
+            plain.tokens.copy_(tokens)
+            plain.positions.copy_(state.lengths)
+            inputs[3].fill_(Lc)
+        if plain.at != Lc - 1:  # committed slots changed since the last plain step: the whole row again
+            mask = inputs[2]
+            roots = self._const(buf, ("pad", 1), lambda: torch.full((B, 1), -1, dtype=torch.long,
+                                                                    device=tokens.device))
+            present = self._const(buf, ("root", 1), lambda: roots < 0)
+            tree_mask(state.committed_valid, roots, present, dtype, out=mask[:, :, :, :Lc + 1])
+            if plain.high > Lc + 1:
+                mask[:, :, :, Lc + 1:plain.high].fill_(torch.finfo(dtype).min)
+        if runner is None:
+            runner = plain.runner = self._capture_fn()(self._plain_fn(buf), inputs)
+            plain.tokens, plain.positions = runner.inputs[0].view(B), runner.inputs[1].view(B)
+        plain.at, plain.high = Lc, Lc + 1  # columns past Lc are hidden (rebuilt, or never shown)
+        return _replay(runner)
 
     @torch.no_grad()
     def forward(self, state: StaticCacheState, tokens: torch.Tensor, parents: torch.Tensor,
@@ -529,9 +622,11 @@ class StaticAdapter:
         _consume(state, "forward")
         if present is None:
             present = torch.ones_like(tokens, dtype=torch.bool)
-        out = self._run_bucket(buf, state, tokens, parents, positions, present)
-        return out, state._replace(pending_parents=torch.cat([state.pending_parents, parents], 1),
-                                   pending_present=torch.cat([state.pending_present, present], 1), ticket=self._issue())
+        out, all_parents = self._run_bucket(buf, state, tokens, parents, positions, present)
+        P, M = state.num_pending, tokens.shape[1]
+        pending_present = present if not P else torch.cat([state.pending_present, present], 1)
+        return out, state._replace(pending_parents=all_parents[:, :P + M], pending_present=pending_present,
+                                   ticket=self._issue())
 
     @torch.no_grad()
     def decode(self, state: StaticCacheState, tokens: torch.Tensor) -> tuple[ForwardOutput, StaticCacheState]:
@@ -547,14 +642,40 @@ class StaticAdapter:
         if state.num_pending:
             raise ValueError(f"decode() needs a state with no pending slots, this one has {state.num_pending}: "
                              f"commit() the pending tree first")
+        out, state, _ = self.decode_argmax(state, tokens)
+        return out, state
+
+    @torch.no_grad()
+    def decode_argmax(self, state: StaticCacheState, tokens: torch.Tensor
+                      ) -> tuple[ForwardOutput, StaticCacheState, torch.Tensor]:
+        """:meth:`decode`, plus each row's argmax next token, computed inside the captured forward.
+
+        Math: ``argmax_v logits[b, 0, v]`` (ties to the lowest id), the very op
+        :func:`specdec.sampling.next_token` runs when greedy, on the same logits.
+
+        Args:
+            state: a state with no pending slots (consumed).
+            tokens: Shape ``[B]`` int64, each row's next token (the root).
+
+        Returns:
+            ``(ForwardOutput, state, next_tokens)``: as :meth:`decode`; ``next_tokens`` Shape ``[B]`` int64.
+        """
+        if state.num_pending:
+            raise ValueError(f"decode() needs a state with no pending slots, this one has {state.num_pending}: "
+                             f"commit() the pending tree first")
         buf = self._check_state(state)
         _consume(state, "decode")
-        B = tokens.shape[0]
-        root = torch.full((B, 1), -1, dtype=torch.long, device=tokens.device)
-        out = self._run_bucket(buf, state, tokens[:, None], root, state.lengths[:, None], root < 0)
         Lc = state.committed
-        buf.valid[:, Lc] = True
-        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue())
+        if 1 in self.buckets:
+            logits, feats, next_tokens = self._run_plain(buf, state, tokens)
+            out = ForwardOutput(logits=logits, features=tuple(feats))
+        else:  # no bucket of its own: padded like a tree forward
+            B = tokens.shape[0]
+            root = torch.full((B, 1), -1, dtype=torch.long, device=tokens.device)
+            out, _ = self._run_bucket(buf, state, tokens[:, None], root, state.lengths[:, None], root < 0)
+            buf.valid[:, Lc] = True
+            next_tokens = out.logits[:, -1].argmax(-1)
+        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue()), next_tokens
 
     @torch.no_grad()
     def commit(self, state: StaticCacheState, keep: torch.Tensor, counts: torch.Tensor, *,
@@ -585,10 +706,24 @@ class StaticAdapter:
             # In place: the captured graphs read these very tensors.
             compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True,
                        prefix=prefix)
-            buf.valid[:, Lc:Lc + A] = torch.arange(A, device=keep.device)[None, :] < counts[:, None]
-        empty = torch.empty(B, 0, dtype=torch.long, device=keep.device)
+            if A <= buf.arange.shape[0]:
+                columns = self._const(buf, ("columns", A), lambda: buf.arange[None, :A])
+            else:
+                columns = torch.arange(A, device=keep.device)[None, :]
+            torch.lt(columns, counts[:, None], out=buf.valid[:, Lc:Lc + A])
+            buf.plain.at = None  # new committed slots (holes included): the plain mask row is rebuilt
+        empty = self._const(buf, ("empty", torch.long), lambda: torch.empty(B, 0, dtype=torch.long,
+                                                                              device=keep.device))
+        empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
-                              pending_present=empty.bool(), ticket=self._issue())
+                              pending_present=empty_bool, ticket=self._issue())
+
+
+def _replay(runner: CapturedStep):
+    """Run a captured step on its static inputs, already filled in place (no copies in), and clone its outputs
+    (the next replay overwrites them), as :meth:`~specdec.graphs.CapturedStep.__call__` does."""
+    return tuple(tuple(t.clone() for t in out) if isinstance(out, (tuple, list)) else out.clone()
+                 for out in runner._run())
 
 
 # ---------------------------------------------------------------------- choosing the adapter in generate()

@@ -1,7 +1,7 @@
 """Statistics of one ``generate()`` call: :class:`GenerationStats` and the small recorder that builds it.
 
-Per-depth counts stay on the device (added without a host sync each step, read once at the end); everything else
-is counted from the host copies a step already made.
+Rows per drafted depth stay on the device (added without a host sync each step, read once at the end); everything
+else, accepted depths included, is counted from the host copies a step already made.
 """
 from __future__ import annotations
 
@@ -101,8 +101,11 @@ class StatsRecorder:
     def __init__(self, max_depth: int, device, *, profile: bool = False) -> None:
         self.device = device
         self.clock = PhaseClock(device) if profile else None
-        self.tries = torch.zeros(max_depth, dtype=torch.long, device=device)
-        self.hits = torch.zeros(max_depth, dtype=torch.long, device=device)
+        self.max_depth = max_depth
+        # Active rows per drafted depth 0..D (device); depth d's tries are the rows at depths >= d.
+        self.drafted = torch.zeros(max_depth + 1, dtype=torch.long, device=device)
+        self.hits = [0] * max_depth  # per depth d, active rows that accepted a depth-d draft (host)
+        self._weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # (active mask, as int64)
         self.accepted: list[list[int]] = []
         self.emitted = self.row_steps = 0
         self.t0 = self.prefill_time = 0.0
@@ -132,18 +135,30 @@ class StatsRecorder:
         self.accepted.append([c - 1 for c in counts])
         self.emitted += sum(counts)
         self.row_steps += len(counts)
-        if draft is not None and draft.num_nodes and self.tries.numel():
+        if draft is not None and draft.num_nodes and self.max_depth:
             # Stays on the device (no host sync); read once at the end.
-            drafted_depth = draft.depths.masked_fill(draft.parents < 0, 0).amax(1)  # [B]
-            d = torch.arange(1, self.tries.numel() + 1, device=self.tries.device)[None, :]
-            self.tries += ((drafted_depth[:, None] >= d) & active_mask[:, None]).sum(0)
-            self.hits += ((result.num_accepted[:, None] >= d) & active_mask[:, None]).sum(0)
+            drafted_depth = draft.depths.masked_fill(draft.parents < 0, 0).amax(1).clamp_(max=self.max_depth)  # [B]
+            self.drafted.index_add_(0, drafted_depth, self._active_weights(active_mask, drafted_depth))
+            # An active row emitted its accepted drafts and one more token (result.num_accepted + 1 of them).
+            for count in counts:
+                for d in range(min(count - 1, self.max_depth)):
+                    self.hits[d] += 1
+
+    def _active_weights(self, active_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+        """``active_mask`` as int64 (cached while the mask is the same tensor: rows rebuild it when one ends)."""
+        mask, weights = self._weights
+        if mask is not active_mask or weights is None:
+            weights = torch.ones_like(like) if active_mask is None else active_mask.long()
+            self._weights = (active_mask, weights)
+        return weights
 
     def finish(self, num_new_tokens: int, drafter_state) -> GenerationStats:
         """The call ends: synchronise, read the counters (the one sync they need) and build the stats."""
         synchronize(self.device)
         wall = time.perf_counter() - self.t0
-        tries, hits = self.tries.tolist(), self.hits.tolist()
+        drafted = self.drafted.tolist()
+        tries = [sum(drafted[d:]) for d in range(1, self.max_depth + 1)]
+        hits = list(self.hits)
         steps = len(self.accepted)
         return GenerationStats(
             num_new_tokens=num_new_tokens,

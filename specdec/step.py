@@ -166,10 +166,16 @@ def _all_rows(roots: torch.Tensor) -> torch.Tensor:
 def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock) -> StepOutput:
     """A step without drafts: HF's one-token decode, the token kept at once."""
     # 2. Target forward of each root on the cache, with the mask HF would build (none without padding).
-    out, cache = adapter.decode(state.cache, state.roots)
-    _tick(clock, "target")
-    # 3. Nothing to verify: the next token is the argmax, or a draw from the processed target law.
-    next_tokens = next_token(out.logits[:, -1], sampling, source)
+    # 3. Nothing to verify: the next token is the argmax, or a draw from the processed target law. (The fast path
+    # takes the argmax inside its captured forward: the same op on the same logits.)
+    decode_argmax = getattr(adapter, "decode_argmax", None) if sampling.is_greedy else None
+    if decode_argmax is not None:
+        out, cache, next_tokens = decode_argmax(state.cache, state.roots)
+        _tick(clock, "target")
+    else:
+        out, cache = adapter.decode(state.cache, state.roots)
+        _tick(clock, "target")
+        next_tokens = next_token(out.logits[:, -1], sampling, source)
     _tick(clock, "verify")
     drafter_state = state.drafter_state
     if drafter is not None:
@@ -191,8 +197,8 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     """A step with drafts: the tree path."""
     roots, cache = state.roots, state.cache
     # A drafter bug must not reach the embedding (a device-side assert on CUDA): clamp the ids and remember the
-    # first bad node per row; it is reported at the step's host sync below.
-    draft, first_bad = _sanitised(draft, adapter.vocab_size)
+    # bad nodes; the first one is reported at the step's host sync below.
+    draft, bad = _sanitised(draft, adapter.vocab_size)
     # 2. Target forward over [root] + drafts under the tree mask, positions = prefix length + depth.
     present = draft.parents >= 0
     present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
@@ -205,25 +211,26 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     tokens, counts = emitted_tokens(draft, result)  # [B, K + 1] (-1 after counts), [B]
     path = result.accepted_nodes  # [B, K + 1], pending indices of the root and the accepted drafts
     live = _all_rows(roots) if active is None else active
-    # The step's one host sync, per row: emitted count, first bad node (0: none), active, accepted path, tokens.
-    host = torch.cat([counts[:, None], first_bad[:, None], live[:, None].long(), path, tokens], 1).tolist()
+    # The step's one host sync, per row: emitted count, active, accepted path, tokens, then the bad-id flags.
+    host = torch.cat([counts[:, None], live.long()[:, None], path, tokens] + ([bad.long()] if bad is not None else []),
+                     1).tolist()
     _tick(clock, "verify")
-    _raise_on_bad_ids(host, drafter)
     D1 = path.shape[1]
-    kept = [row[0] if row[2] else 0 for row in host]  # tokens each row commits: root + accepted drafts
+    _raise_on_bad_ids(host, drafter, 2 + 2 * D1)
+    kept = [row[0] if row[1] else 0 for row in host]  # tokens each row commits: root + accepted drafts
     width = max(kept)
     # 4. Keep each row's accepted path (root + accepted drafts) in the cache; inactive rows keep nothing.
     keep_counts = counts if active is None else counts * active
-    cache = adapter.commit(pending, path[:, :width], keep_counts,
-                           prefix=all(row[3:3 + n] == list(range(n)) for row, n in zip(host, kept)),
+    nodes = path[:, :width]
+    cache = adapter.commit(pending, nodes, keep_counts,
+                           prefix=all(row[2:2 + n] == list(range(n)) for row, n in zip(host, kept)),
                            full=all(n == width for n in kept))
     _tick(clock, "commit")
-    emitted = [row[3 + D1:3 + D1 + row[0]] for row in host]
+    emitted = [row[2 + D1:2 + D1 + row[0]] for row in host]
     drafter_state = state.drafter_state
     if drafter is not None:
         # 5. The drafter absorbs the outcome: the committed tokens and the target's features at them.
         ar = torch.arange(width, device=roots.device)[None, :]
-        nodes = path[:, :width]
         feats = tuple(f.gather(1, nodes.clamp(min=0)[:, :, None].expand(-1, -1, f.shape[-1])) for f in out.features)
         committed = torch.cat([roots[:, None], tokens], 1)[:, :width].clamp_(min=0)  # root + accepted drafts
         drafter_state = drafter.update(drafter_state, Feedback(
@@ -234,19 +241,22 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     return StepOutput(emitted=emitted, state=state, draft=draft, result=result)
 
 
-def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor]:
-    """The draft with ids clamped into ``[0, V)``, and per row the first node holding a bad id (0: none)."""
+def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor | None]:
+    """The draft with ids clamped into ``[0, V)``, and which present drafts held an id outside it (``[B, N]`` bool;
+    ``None`` without a known vocabulary)."""
     if vocab is None:
-        return draft, torch.zeros_like(draft.parents[:, 0])
-    bad = (draft.parents[:, 1:] >= 0) & ((draft.tokens < 0) | (draft.tokens >= vocab))
-    first_bad = torch.where(bad.any(1), bad.long().argmax(1) + 1, 0)
-    return draft._replace(tokens=draft.tokens.clamp(0, vocab - 1)), first_bad
+        return draft, None
+    tokens = draft.tokens.clamp(0, vocab - 1)
+    bad = (tokens != draft.tokens) & (draft.parents[:, 1:] >= 0)  # clamping moved exactly the ids outside [0, V)
+    return draft._replace(tokens=tokens), bad
 
 
-def _raise_on_bad_ids(host: list[list[int]], drafter) -> None:
+def _raise_on_bad_ids(host: list[list[int]], drafter, start: int) -> None:
+    """Raise on the first row whose bad-id flags (``row[start:]``, one per draft node) hold a 1."""
     for row, values in enumerate(host):
-        node = values[1]
-        if node:
+        flags = values[start:]
+        if 1 in flags:
+            node = flags.index(1) + 1
             raise ValueError(
                 f"{type(drafter).__name__} proposed a token id outside the target's vocabulary at row {row}, node "
                 f"{node} (a present node): draft ids must lie in [0, V) with V the target's vocabulary; mark padding "

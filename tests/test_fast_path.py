@@ -5,6 +5,7 @@ CUDA graphs (skipped without CUDA).
 """
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import warnings
@@ -12,6 +13,7 @@ import warnings
 import pytest
 import torch
 from tiny_models import VOCAB, noisy_copy, random_forest, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec import recipes
 from specdec.adapter import ConsumedStateError, ModelAdapter
@@ -31,6 +33,7 @@ from specdec.static import (
     static_support,
     target_adapter,
 )
+from specdec.step import prefill, step
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                         reason="needs a CUDA GPU")])
@@ -88,9 +91,9 @@ def test_tree_forwards_ragged_commits_and_decodes_equal_model_adapter(device):
     out_f, st_f = fast.prefill(ids, mask)
     _assert_same(out_e, out_f, atol=0)  # the same eager HF pass
     rng = random.Random(0)
-    for step, nodes in enumerate([6, 2, 13]):  # buckets 8, 4, 16: padding in each
+    for k, nodes in enumerate([6, 2, 13]):  # buckets 8, 4, 16: padding in each
         parents = random_forest(rng, 3, nodes).to(device)
-        tokens, positions, present = _tree_inputs(st_e, parents, step)
+        tokens, positions, present = _tree_inputs(st_e, parents, k)
         out_e, st_e = eager.forward(st_e, tokens, parents, positions, present)
         out_f, st_f = fast.forward(st_f, tokens, parents, positions, present)
         _assert_same(out_e, out_f)
@@ -104,10 +107,12 @@ def test_tree_forwards_ragged_commits_and_decodes_equal_model_adapter(device):
         st_f = fast.commit(st_f, keep, counts)
         assert torch.equal(st_e.committed_valid, st_f.committed_valid)
         assert torch.equal(st_e.lengths, st_f.lengths)
-        roots = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(step)).to(device)
-        out_e, st_e = eager.decode(st_e, roots)
-        out_f, st_f = fast.decode(st_f, roots)
-        _assert_same(out_e, out_f)
+        for repeat in range(2):  # the first plain step rebuilds its mask row, the second only adds a column
+            roots = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(10 * k + repeat))
+            out_e, st_e = eager.decode(st_e, roots.to(device))
+            out_f, st_f = fast.decode(st_f, roots.to(device))
+            _assert_same(out_e, out_f)
+            assert torch.equal(st_e.committed_valid, st_f.committed_valid)
     assert fast.captured_buckets == [1, 4, 8, 16]
 
 
@@ -338,3 +343,86 @@ def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
     del model, first, second
     gc.collect()
     assert alive() is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_steps_keep_the_mask_row_a_full_rebuild_would_give(device):
+    """The plain step's mask row, updated one column per step, equals tree_mask_ref's row built from scratch."""
+    model = tiny_model("llama").to(device)
+    ids, mask = _prompts(3, device)
+    fast = StaticAdapter(model, capacity=capacity_for(ids.shape[1], 16, 64))
+    _, state = fast.prefill(ids, mask)
+    rng = random.Random(1)
+    for k, plain_steps in enumerate([3, 2]):
+        for _ in range(plain_steps):
+            Lc = state.committed
+            before = state.committed_valid.clone()
+            _, state = fast.decode(state, torch.full((3,), 5 + k, device=device))
+            row = fast._store.buffers.plain.runner.inputs[2]
+            root = torch.full((3, 1), -1, device=device)
+            want = tree_mask_ref(before, root, root < 0, torch.float32).mask[..., :Lc + 1]
+            assert torch.equal(row[..., :Lc + 1], want)
+            assert bool((row[..., Lc + 1:] == torch.finfo(torch.float32).min).all())
+        parents = random_forest(rng, 3, 5).to(device)  # then a tree step with ragged commits: holes in the slots
+        tokens, positions, present = _tree_inputs(state, parents, k)
+        _, state = fast.forward(state, tokens, parents, positions, present)
+        paths = [_random_path(row) for row in parents.tolist()]
+        width = max(len(p) for p in paths)
+        keep = torch.tensor([p + [-1] * (width - len(p)) for p in paths], device=device)
+        state = fast.commit(state, keep, torch.tensor([len(p) for p in paths], device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_and_tree_steps_interleaved_emit_the_eager_tokens(device):
+    model = tiny_model("llama", scale=3.0).to(device)
+    ids, mask = _prompts(3, device)
+    drafter = _drafter("eagle2", model)
+    eager, fast = ModelAdapter(model, drafter.feature_layers), StaticAdapter(
+        model, drafter.feature_layers, capacity=capacity_for(ids.shape[1], 40, 64))
+    out_e = prefill(eager, ids, mask, drafter=drafter)
+    out_f = prefill(fast, ids, mask, drafter=drafter)
+    for k in [0, 0, 3, 0, 0, 0, 2, 3, 0, 1, 0]:
+        out_e = step(eager, out_e.state, drafter=drafter, num_drafts=k)
+        out_f = step(fast, out_f.state, drafter=drafter, num_drafts=k)
+        assert out_e.emitted == out_f.emitted
+        assert torch.equal(out_e.state.cache.lengths, out_f.state.cache.lengths)
+    if device == "cuda":  # the plain step's forward was captured as a graph and replayed
+        assert fast._store.buffers.plain.runner is not None
+
+
+class _CountOutsideCaptures(TorchDispatchMode):
+    """Counts aten ops dispatched outside the captured target forwards (what runs eagerly on a CUDA host)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.inside = collections.Counter(), 0
+
+    def capture(self, fn, inputs):
+        def flagged(*args):
+            self.inside += 1
+            try:
+                return fn(*args)
+            finally:
+                self.inside -= 1
+        return capture_graph_ref(flagged, inputs, warmup=0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside:
+            self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_fast_plain_step_runs_only_a_few_aten_ops_outside_its_captured_forward(batch):
+    model = tiny_model("llama")
+    counter = _CountOutsideCaptures()
+    ids, mask = _prompts(batch)
+    adapter = StaticAdapter(model, capacity=capacity_for(ids.shape[1], 8, 64), capture=counter.capture)
+    out = step(adapter, step(adapter, prefill(adapter, ids, mask).state).state)  # captured, mask row built
+    with counter:
+        step(adapter, out.state)
+    # The root and its position copied into the captured inputs, the write slot filled, the logits and the argmax
+    # cloned out of the graph, lengths + 1. The mask column, the valid slot and the argmax run inside the graph;
+    # no tree mask, no cat, no allocation. (Before issue 13's changes: 24 ops and a tree_mask launch.)
+    assert sum(counter.ops.values()) <= 6, counter.ops
+    assert not {"aten.argmax", "aten.cat", "aten.full", "aten.arange"} & set(counter.ops), counter.ops

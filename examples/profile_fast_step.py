@@ -1,0 +1,193 @@
+"""Count the aten ops of one ``generate(fast=True)`` decoding step, inside vs outside the captured forwards.
+
+A CPU proxy for the fast path's per-step host work (issue 13): on an H200 host every eager op outside a CUDA graph
+costs ~5-15 us of CPU time while the GPU idles, whereas a graph replay costs one launch whatever it holds. On CPU
+the captured functions run eagerly (:func:`specdec.graphs.capture_graph_ref`), so a
+:class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every op; a flag flipped around each captured
+function splits them into regions:
+
+- ``target graph``: inside the target's captured bucket forward (one replay on CUDA);
+- ``drafter graphs``: inside the drafter's captured draft / absorb steps (one replay each on CUDA);
+- ``kernels``: launches of the Triton kernels the fast path calls (``tree_mask``, ``compact_kv``,
+  ``verify_greedy``): counted as one op each, since on CUDA each is one launch (on CPU their torch references run);
+- ``outside``: every other aten op, the eager work around the graphs (what this issue cuts).
+
+Per step = (ops of a long call - ops of a short call) / (steps of the long call - steps of the short call), so the
+prefill and the one-off captures cancel out. The model is a tiny float32 Llama built from a config (nothing is
+downloaded); the EAGLE-2 drafter is an untrained head (acceptance does not matter: every step runs the tree path).
+
+Example::
+
+    python examples/profile_fast_step.py                 # table: plain and EAGLE-2, batch 1 and 4
+    python examples/profile_fast_step.py --ops           # also the outside ops by name
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import specdec
+import specdec.kernels
+import specdec.static
+from specdec.graphs import GraphedDrafter, capture_graph_ref
+
+REGIONS = ("target graph", "drafter graphs", "kernels", "outside")
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts aten ops per region; :meth:`within` marks a region (the innermost one counts an op).
+
+    Attributes:
+        ops: per region, a ``Counter`` of op names.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = {region: collections.Counter() for region in REGIONS + ("ignored",)}
+        self._stack = ["outside"]
+
+    @contextlib.contextmanager
+    def within(self, region: str) -> Iterator[None]:
+        """Count the ops run inside the block to ``region``."""
+        self._stack.append(region)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        region = self._stack[-1]
+        if region != "kernels":  # a kernel counts once, at its call
+            self.ops[region][str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    def totals(self) -> dict[str, int]:
+        """Ops per region."""
+        return {region: sum(self.ops[region].values()) for region in REGIONS}
+
+
+def _in_region(counter: OpCounter, region: str, fn: Callable) -> Callable:
+    def run(*args, **kwargs):
+        with counter.within(region):
+            return fn(*args, **kwargs)
+    return run
+
+
+def _kernel(counter: OpCounter, name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)  # keeps the attributes callers read (a verifier's ``takes_logits``)
+    def run(*args, **kwargs):
+        counter.ops["kernels"][name] += 1
+        with counter.within("kernels"):
+            return fn(*args, **kwargs)
+    return run
+
+
+def _flagged_capture(counter: OpCounter, region: str) -> Callable:
+    """``capture_graph_ref`` whose captured function counts to ``region`` (the capture itself is ignored)."""
+    def capture(fn, inputs):
+        with counter.within("ignored"):
+            return capture_graph_ref(_in_region(counter, region, fn), inputs, warmup=0)
+    return capture
+
+
+@contextlib.contextmanager
+def counting(counter: OpCounter) -> Iterator[OpCounter]:
+    """Within the block, the fast path's captures and kernels report to ``counter`` (the module names are swapped
+    back on exit)."""
+    swaps = [(specdec.static, "capture_graph_ref", lambda fn, inputs, warmup=0:
+              _flagged_capture(counter, "target graph")(fn, inputs)),
+             (specdec.static, "tree_mask", _kernel(counter, "tree_mask", specdec.static.tree_mask)),
+             (specdec.static, "compact_kv", _kernel(counter, "compact_kv", specdec.static.compact_kv)),
+             (specdec.kernels, "verify_greedy", _kernel(counter, "verify_greedy", specdec.kernels.verify_greedy))]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in swaps]
+    for module, name, new in swaps:
+        setattr(module, name, new)
+    try:
+        with counter:
+            yield counter
+    finally:
+        for module, name, old in saved:
+            setattr(module, name, old)
+
+
+def tiny_llama(seed: int = 0, vocab: int = 97) -> torch.nn.Module:
+    """A 2-layer float32 Llama with random weights, built from a config."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                         dtype=torch.float32).eval()
+
+
+def eagle2_drafter(model: torch.nn.Module, counter: OpCounter | None) -> GraphedDrafter:
+    """An EAGLE-2 drafter (untrained head, 10 nodes, depth 3, top-3) graphed on CPU through ``counter``."""
+    from specdec import recipes
+    from specdec.heads import Eagle1Head
+
+    torch.manual_seed(1)
+    drafter = recipes.eagle2(Eagle1Head.from_target(model), total_tokens=10, depth=3, top_k=3, cuda_graphs=False)
+    capture = capture_graph_ref if counter is None else _flagged_capture(counter, "drafter graphs")
+    return GraphedDrafter(drafter, capture=capture, device_types=("cpu",))
+
+
+def count_call(model, ids: torch.Tensor, max_new_tokens: int, method: str) -> tuple[OpCounter, int]:
+    """Ops of one ``generate(fast=True)`` call and its number of decoding steps.
+
+    Args:
+        model: the target.
+        ids: Shape ``[B, T]``, prompts (no padding).
+        max_new_tokens: new tokens per row.
+        method: ``"plain"`` or ``"eagle2"``.
+
+    Returns:
+        ``(counter, steps)``.
+    """
+    counter = OpCounter()
+    drafter = eagle2_drafter(model, counter) if method == "eagle2" else None
+    with counting(counter):
+        out = specdec.generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=[],
+                               fast=True)
+    return counter, out.stats.num_steps
+
+
+def per_step(model, ids: torch.Tensor, method: str, short: int = 6, long: int = 30) -> dict[str, float]:
+    """Ops per decoding step and region (difference of a ``long`` and a ``short`` call)."""
+    (c1, s1), (c2, s2) = count_call(model, ids, short, method), count_call(model, ids, long, method)
+    t1, t2 = c1.totals(), c2.totals()
+    result = {region: (t2[region] - t1[region]) / (s2 - s1) for region in REGIONS}
+    result["outside ops"] = {name: (c2.ops["outside"][name] - c1.ops["outside"][name]) / (s2 - s1)
+                             for name in c2.ops["outside"]}
+    return result
+
+
+def main() -> None:
+    """Print the table (and, with ``--ops``, the outside ops by name)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--ops", action="store_true", help="list the outside ops per step by name")
+    args = parser.parse_args()
+    model = tiny_llama()
+    rows = []
+    for method in ("plain", "eagle2"):
+        for batch in args.batch:
+            ids = torch.randint(1, 97, (batch, 12), generator=torch.Generator().manual_seed(batch))
+            rows.append((method, batch, per_step(model, ids, method)))
+    print(f"{'method':<8} {'B':>3} " + " ".join(f"{r:>15}" for r in REGIONS) + "   (aten ops per step)")
+    for method, batch, result in rows:
+        print(f"{method:<8} {batch:>3} " + " ".join(f"{result[r]:>15.1f}" for r in REGIONS))
+    if args.ops:
+        for method, batch, result in rows:
+            named = sorted(((n, c) for n, c in result["outside ops"].items() if c), key=lambda x: -x[1])
+            print(f"\n{method} B={batch} outside: " + ", ".join(f"{n.removeprefix('aten.')} {c:g}" for n, c in named))
+
+
+if __name__ == "__main__":
+    main()
