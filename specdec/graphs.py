@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them
     from .types import Draft
 
 __all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedStep", "GraphableDrafter",
-           "GraphedDrafter", "cuda_graphed"]
+           "GraphedDrafter", "cuda_graphed", "static_buffers"]
 
 
 class Step(NamedTuple):
@@ -69,6 +69,33 @@ class Step(NamedTuple):
     finish: Callable[[Any], Any]
     key: Hashable | None = None
     buffers: Any = ()
+
+
+def static_buffers(buffers, batch: int, need: int, device, allocate: Callable[[int], Any], *, slack: int = 256,
+                   multiple: int = 256):
+    """A cache for a graphed drafter's ``start(static=True, buffers=...)``: the earlier run's when it fits, else new.
+
+    Graphs captured on a cache replay only while that cache stays the same tensors, so a static run reuses the
+    previous run's cache (``Step.buffers``) when it has the batch size, the device and at least ``need`` slots, and
+    otherwise allocates one with headroom (fewer reallocations, hence fewer recaptures).
+
+    Args:
+        buffers: the earlier run's cache, or ``None``: anything with ``keys`` (``[L, B, ...]``, batch on dim 1) and
+            ``capacity``.
+        batch: ``B``.
+        need: the slots the run needs now.
+        device: where the cache must live.
+        allocate: ``allocate(capacity) -> cache``.
+        slack: headroom added to ``need`` for a new cache.
+        multiple: a new capacity is rounded up to this.
+
+    Returns:
+        ``buffers`` itself, or ``allocate(round_up(need + slack, multiple))``.
+    """
+    if (buffers is not None and buffers.keys.shape[1] == batch and buffers.capacity >= need
+            and buffers.keys.device == torch.device(device)):
+        return buffers
+    return allocate((need + slack + multiple - 1) // multiple * multiple)
 
 
 def run_step(step: Step) -> Any:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..graphs import Step, run_step
+from ..graphs import Step, run_step, static_buffers
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
 from ..kernels import head_tree_mask
 from ..trees.static import as_policy
@@ -114,10 +114,8 @@ class EagleDrafter:
         need = M + 2 * (self.max_num_drafts + 1) + self._scratch + 1
         if not static:
             return self.head.new_cache(B, _round_up(need), device)
-        if (buffers is not None and buffers.keys.shape[1] == B and buffers.capacity >= need
-                and buffers.keys.device == device):
-            return buffers  # the previous run's buffer: graphs captured on it stay valid
-        return self.head.new_cache(B, _round_up(need + 256, 256), device)  # headroom: fewer recaptures
+        # The previous run's buffer when it fits (graphs captured on it stay valid), else one with headroom.
+        return static_buffers(buffers, B, need, device, lambda n: self.head.new_cache(B, n, device))
 
     def _ensure_capacity(self, state: EagleState, width: int) -> EagleState:
         need = state.bound + width + self._scratch + 1  # + 1: the trash slot for invalid entries

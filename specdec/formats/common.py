@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["load_weight_file", "read_weights"]
+__all__ = ["load_weight_file", "read_weights", "write_checkpoint"]
 
 _STANDARD = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -76,3 +77,29 @@ def read_weights(folder, *, first: Sequence[str] = (), what: str = "weights",
             return load_weight_file(folder / name)
     found = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
     raise FileNotFoundError(f"no {what} in {folder}: expected {expected}; found {found}")
+
+
+def write_checkpoint(folder, config: dict, state: dict[str, torch.Tensor]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (the layout every format here saves).
+
+    The weights go through a temporary file and an atomic rename, so an interrupted save never leaves a truncated
+    ``model.safetensors`` behind.
+
+    Args:
+        folder: the checkpoint folder (created if missing).
+        config: the JSON configuration.
+        state: tensor name -> tensor (moved to the CPU, made contiguous and copied before writing).
+
+    Returns:
+        The folder as a ``Path``.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder

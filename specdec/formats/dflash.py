@@ -31,7 +31,6 @@ References:
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import torch
 
 from ..heads.common import target_dims
 from ..heads.dflash import DFlashConfig, DFlashHead, DSparkHead
-from .common import read_weights
+from .common import read_weights, write_checkpoint
 
 __all__ = ["DFlashFormatError", "load_dflash_head", "save_dflash_head", "export_dflash_zlab", "mask_token_id_of"]
 
@@ -306,19 +305,6 @@ def _layer_config(head: DFlashHead) -> dict:
     return out
 
 
-def _write(folder, config: dict, state: dict) -> Path:
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return folder
-
-
 def save_dflash_head(head: DFlashHead, path, *, verifier_name_or_path: str | None = None,
                      verifier_architectures=("LlamaForCausalLM",)) -> Path:
     """Save a DFlash / DSpark head in the vLLM ``speculators`` layout (``dflash`` or ``dspark``).
@@ -376,7 +362,7 @@ def save_dflash_head(head: DFlashHead, path, *, verifier_name_or_path: str | Non
     }
     if kind == "dspark":
         config.update({k: getattr(c, k) for k in _DSPARK_FIELDS})
-    return _write(path, config, head.state_dict())
+    return write_checkpoint(path, config, head.state_dict())
 
 
 def export_dflash_zlab(head: DFlashHead, path, *, num_target_layers: int | None = None) -> Path:
@@ -413,4 +399,4 @@ def export_dflash_zlab(head: DFlashHead, path, *, num_target_layers: int | None 
                           "block_size": c.block_size},
         "torch_dtype": _dtype_name(head.dtype),
     })
-    return _write(path, config, head.state_dict())
+    return write_checkpoint(path, config, head.state_dict())

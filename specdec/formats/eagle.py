@@ -29,7 +29,6 @@ References:
 from __future__ import annotations
 
 import json
-import os
 import re
 import warnings
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..heads.eagle import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers, target_dims
-from .common import read_weights
+from .common import read_weights, write_checkpoint
 
 __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]
 
@@ -133,6 +132,29 @@ def _draft_vocab(state: dict, vocab: int, draft_vocab: int):
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[torch.arange(d2t.shape[0]) + d2t.long()] = True
     return d2t.long(), t2d.bool()
+
+
+def _aux_layers_and_vocab(state: dict, config: dict, feature_layers, default: tuple[int, ...], *, target_hidden: int,
+                          target_layers: int, target_vocab: int):
+    """The fused target layers an EAGLE-3-style head reads (checked against ``fc``), and its draft vocabulary.
+
+    Returns:
+        ``(layers, draft_vocab, d2t, t2d)``.
+    """
+    fc_in = int(state["fc.weight"].shape[1])
+    layers = feature_layers or config.get("eagle_aux_hidden_state_layer_ids")
+    layers = tuple(layers) if layers else tuple(default)
+    if len(layers) * target_hidden != fc_in:
+        raise ValueError(f"fc reads {fc_in} = {fc_in // target_hidden} x {target_hidden} features but "
+                         f"{len(layers)} feature layers {layers} are configured")
+    for i in layers:
+        if not 0 <= i <= target_layers:
+            raise ValueError(f"feature layer {i} is out of range for a target with {target_layers} layers")
+    draft_vocab = int(state["lm_head.weight"].shape[0])
+    d2t, t2d = _draft_vocab(state, target_vocab, draft_vocab)
+    if t2d is not None:
+        check_draft_vocab(d2t, t2d, target_vocab)
+    return layers, draft_vocab, d2t, t2d
 
 
 def load_eagle_head(path_or_hub_id, target, *, feature_layers=None, dtype: torch.dtype | None = None,
@@ -232,18 +254,9 @@ def load_eagle_head(path_or_hub_id, target, *, feature_layers=None, dtype: torch
         if made_for != target_hidden or fc_in % target_hidden:
             raise ValueError(f"this EAGLE-3 head was made for a target with hidden size {made_for} but the target "
                              f"has hidden size {target_hidden}")
-        layers = feature_layers or config.get("eagle_aux_hidden_state_layer_ids")
-        layers = tuple(layers) if layers else default_feature_layers(target_layers, "eagle3")
-        if len(layers) * target_hidden != fc_in:
-            raise ValueError(f"fc reads {fc_in} = {fc_in // target_hidden} x {target_hidden} features but "
-                             f"{len(layers)} feature layers {layers} are configured")
-        for i in layers:
-            if not 0 <= i <= target_layers:
-                raise ValueError(f"feature layer {i} is out of range for a target with {target_layers} layers")
-        draft_vocab = int(state["lm_head.weight"].shape[0])
-        d2t, t2d = _draft_vocab(state, target_vocab, draft_vocab)
-        if t2d is not None:
-            check_draft_vocab(d2t, t2d, target_vocab)
+        layers, draft_vocab, d2t, t2d = _aux_layers_and_vocab(
+            state, config, feature_layers, default_feature_layers(target_layers, "eagle3"),
+            target_hidden=target_hidden, target_layers=target_layers, target_vocab=target_vocab)
         econfig = EagleConfig(**sizes, feature_layers=layers, draft_vocab_size=draft_vocab,
                               target_hidden_size=target_hidden if target_hidden != hidden else None,
                               norm_before_residual=bool(config.get("norm_before_residual", False)))
@@ -298,19 +311,6 @@ def _llama_config(head) -> dict:
     return out
 
 
-def _write(folder, config: dict, state: dict) -> Path:
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return folder
-
-
 def save_eagle_head(head, path) -> Path:
     """Save a head in the EAGLE authors' format (``config.json`` + ``model.safetensors``).
 
@@ -342,7 +342,7 @@ def save_eagle_head(head, path) -> Path:
         state = {("midlayer." + k[len("layers.0."):]) if k.startswith("layers.0.") else k: v for k, v in state.items()}
     else:
         raise TypeError(f"expected an Eagle1Head or Eagle3Head, got {type(head).__name__}")
-    return _write(path, config, state)
+    return write_checkpoint(path, config, state)
 
 
 def export_speculators(head, path, target_name_or_path: str, *, target_architectures=("LlamaForCausalLM",),
@@ -400,4 +400,4 @@ def export_speculators(head, path, target_name_or_path: str, *, target_architect
     state = dict(head.state_dict())
     if include_embeddings:
         state["embed_tokens.weight"] = head.embed_weight
-    return _write(path, config, state)
+    return write_checkpoint(path, config, state)

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from ..heads.eagle import check_draft_vocab, target_dims
+from ..heads.eagle import target_dims
 from ..heads.peagle import PEagleConfig, PEagleHead, peagle_feature_layers
-from .common import read_weights
-from .eagle import _draft_vocab, _dtype_name, _llama_config, _normalize_keys, _num_layers, _resolve, _rope, _write
+from .common import read_weights, write_checkpoint
+from .eagle import _aux_layers_and_vocab, _dtype_name, _llama_config, _normalize_keys, _num_layers, _resolve, _rope
 
 __all__ = ["PEagleFormatError", "load_peagle_head", "save_peagle_head"]
 
@@ -115,18 +115,9 @@ def load_peagle_head(path_or_hub_id, target, *, feature_layers=None, max_drafts:
     if made_for != target_hidden or fc_in % target_hidden:
         raise ValueError(f"this P-EAGLE head was made for a target with hidden size {made_for} but the target has "
                          f"hidden size {target_hidden}")
-    layers = feature_layers or config.get("eagle_aux_hidden_state_layer_ids")
-    layers = tuple(layers) if layers else peagle_feature_layers(target_layers)
-    if len(layers) * target_hidden != fc_in:
-        raise ValueError(f"fc reads {fc_in} = {fc_in // target_hidden} x {target_hidden} features but {len(layers)} "
-                         f"feature layers {layers} are configured")
-    for i in layers:
-        if not 0 <= i <= target_layers:
-            raise ValueError(f"feature layer {i} is out of range for a target with {target_layers} layers")
-    draft_vocab = int(state["lm_head.weight"].shape[0])
-    d2t, t2d = _draft_vocab(state, target_vocab, draft_vocab)
-    if t2d is not None:
-        check_draft_vocab(d2t, t2d, target_vocab)
+    layers, draft_vocab, d2t, t2d = _aux_layers_and_vocab(
+        state, config, feature_layers, peagle_feature_layers(target_layers), target_hidden=target_hidden,
+        target_layers=target_layers, target_vocab=target_vocab)
     embed = state.pop("embed_tokens.weight", None)
     if "mask_embedding" in state:
         mask_embedding = state.pop("mask_embedding")
@@ -231,4 +222,4 @@ def save_peagle_head(head: PEagleHead, path, *, verifier_name_or_path: str = "",
         embed = embed.clone()
     embed[c.mask_token_id] = head.mask_embedding.detach().to(embed.dtype)
     state["embed_tokens.weight"] = embed
-    return _write(path, config, state)
+    return write_checkpoint(path, config, state)

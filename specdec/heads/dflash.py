@@ -64,7 +64,7 @@ from einops import rearrange
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
-from ..graphs import Step, run_step
+from ..graphs import Step, run_step, static_buffers
 from ..nn import (
     Attention,
     DecoderConfig,
@@ -656,13 +656,10 @@ class DFlashHead(nn.Module):
         need = M + 2 * self.config.block_size + 1
         if not static:
             cache = self.new_cache(B, _round_up(need, 16), device)
-        elif (buffers is not None and buffers.keys.shape[1] == B and buffers.capacity >= need
-              and buffers.keys.device == device):
-            cache = buffers  # the previous run's cache: graphs captured on it stay valid
-        else:
-            # headroom (fewer recaptures): 256 entries plus what the bound may overshoot between resyncs
-            slack = 256 + self.resync_every * (self.num_levels + 1)
-            cache = self.new_cache(B, _round_up(need + slack, 256), device)
+        else:  # the previous run's cache when it fits (its graphs stay valid), else one with headroom: 256 entries
+            # plus what the bound may overshoot between resyncs
+            cache = static_buffers(buffers, B, need, device, lambda n: self.new_cache(B, n, device),
+                                   slack=256 + self.resync_every * (self.num_levels + 1))
         state = DFlashState(cache, torch.zeros(B, dtype=torch.long, device=device), feedback.roots, 0, 0)
         return self.update(state, feedback)
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
-from ..graphs import Step, run_step
+from ..graphs import Step, run_step, static_buffers
 from ..kernels.parallel_inputs import parallel_draft_inputs
 from .eagle import Eagle3Head, EagleConfig, HeadCache, _config_from_target, default_feature_layers, target_dims
 
@@ -328,13 +328,10 @@ class PEagleHead(Eagle3Head):
         need = M + 2 * self.num_levels + 1
         if not static:
             cache = self._with_capacity(None, B, need, device)
-        elif (buffers is not None and buffers.keys.shape[1] == B and buffers.capacity >= need
-              and buffers.keys.device == device):
-            cache = buffers  # the previous run's cache: graphs captured on it stay valid
-        else:
-            # headroom (fewer recaptures): 256 entries plus what the bound may overshoot between resyncs
-            slack = 256 + self.resync_every * (self.num_levels + 1)
-            cache = self.new_cache(B, _round_up(need + slack, 256), device)
+        else:  # the previous run's cache when it fits (its graphs stay valid), else one with headroom: 256 entries
+            # plus what the bound may overshoot between resyncs
+            cache = static_buffers(buffers, B, need, device, lambda n: self.new_cache(B, n, device),
+                                   slack=256 + self.resync_every * (self.num_levels + 1))
         return PEagleState(cache, pending, 0)
 
     @torch.no_grad()
