@@ -1,7 +1,8 @@
 """Draft time per step against K: P-EAGLE (one forward for K drafts) vs an EAGLE-3 chain (one forward per level).
 
 A step's drafting cost is the drafter's ``update`` (absorb the committed entries) plus ``propose`` (draft K tokens);
-P-EAGLE absorbs lazily inside its one ``propose`` forward. Heads are untrained (the time does not depend on the
+P-EAGLE absorbs lazily inside its one ``propose`` forward. Both drafters are CUDA-graphed as the recipes build them
+(``--no-cuda-graphs``: eager). Heads are untrained (the time does not depend on the
 weights); both read the same target layers, with the same number of decoder layers.
 
 Example::
@@ -40,6 +41,8 @@ def main(argv=None) -> int:
     parser.add_argument("--accepted", type=int, default=2, help="entries committed per step (root + accepted)")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="time the eager drafters (default: CUDA-graphed, as the recipes build them)")
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM
@@ -47,6 +50,7 @@ def main(argv=None) -> int:
     from specdec.drafters.base import Feedback, ProposeRequest
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.parallel import ParallelDrafter
+    from specdec.graphs import cuda_graphed
     from specdec.heads import Eagle3Head, PEagleHead, peagle_feature_layers, target_dims
     from specdec.trees.level import LevelTree
     from specdec.types import SamplingParams
@@ -73,13 +77,15 @@ def main(argv=None) -> int:
     peagle = PEagleHead.from_target(target, num_layers=args.num_layers, max_drafts=max(ks),
                                     feature_layers=layers).eval()
     eagle3 = Eagle3Head.from_target(target, num_layers=args.num_layers, feature_layers=layers).eval()
+    # Both drafters CUDA-graphed as the recipes build them (on a CPU the wrapper runs the drafter eagerly).
+    wrap = cuda_graphed if args.cuda_graphs else (lambda drafter: drafter)
     rows = []
     for K in ks:
         request = ProposeRequest(roots=ids[:, P], root_positions=torch.full((B,), P, device=device), num_drafts=K,
                                  sampling=SamplingParams(), source=None,
                                  active=torch.ones(B, dtype=torch.bool, device=device))
-        drafters = {"peagle": ParallelDrafter(peagle, LevelTree.chain(K)),
-                    "eagle3_chain": EagleDrafter(eagle3, [(0,) * i for i in range(1, K + 1)])}
+        drafters = {"peagle": wrap(ParallelDrafter(peagle, LevelTree.chain(K))),
+                    "eagle3_chain": wrap(EagleDrafter(eagle3, [(0,) * i for i in range(1, K + 1)]))}
         row = {"K": K}
         for name, drafter in drafters.items():
             times = []
