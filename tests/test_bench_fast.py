@@ -41,7 +41,8 @@ def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
     assert (tmp_path / "results.png").stat().st_size > 0
 
 
-ANCHORS = os.environ.get("SPECDEC_ANCHORS", str(Path(__file__).resolve().parents[2] / "shared" / "anchors"))
+# gpt-fast's files are not part of the project: the test runs only where SPECDEC_ANCHORS names a folder holding them.
+ANCHORS = os.environ.get("SPECDEC_ANCHORS", "")
 
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(ANCHORS, "gptfast", "model.py")),
