@@ -210,7 +210,7 @@ def hf_vanilla(target, new_tokens: int) -> Callable:
     return run
 
 
-def specdec_run(target, drafter, new_tokens: int, *, fast: bool, profile: bool = False) -> Callable:
+def specdec_run(target, drafter, new_tokens: int, *, fast: bool | str, profile: bool = False) -> Callable:
     """:func:`specdec.generate` on a prompt ``[T]`` or a batch of prompts ``[B, T]`` (left-padded), no EOS stop."""
     def run(ids: torch.Tensor) -> Run:
         batch, mask = left_pad([ids] if ids.dim() == 1 else list(ids))
@@ -247,6 +247,19 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
     for key, head in heads.items():
         label, recipe = recipes[key]
         makers[f"specdec fast {label}"] = (lambda recipe=recipe, head=head: recipe(head), True)
+    if args.compile:  # the same target forwards compiled before capture (generate(fast="compile"))
+        makers["specdec fast+compile plain"] = (lambda: None, "compile")
+        for key in ("eagle2", "eagle3", "dflash"):
+            if key in heads:
+                label, recipe = recipes[key]
+                makers[f"specdec fast+compile {label}"] = (lambda recipe=recipe, head=heads[key]: recipe(head),
+                                                           "compile")
+        if draft is not None and args.draft_k:
+            k = args.draft_k[-1]
+            makers[f"specdec fast+compile SpS K={k}"] = (
+                lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), "compile")
+    if args.only:
+        makers = {name: v for name, v in makers.items() if any(part in name for part in args.only)}
     methods = {}
     for name, (make, fast) in makers.items():
         try:
@@ -347,10 +360,36 @@ def summarise(timed: dict, *, batch: int) -> list[dict]:
     return rows
 
 
-def eagle3_phases(drafter, target, prompts, new_tokens: int) -> dict:
+def plain_anatomy(target, prompt: torch.Tensor, new_tokens: int, fast: bool | str = True, reps: int = 200) -> dict:
+    """Where a fast plain step's time goes: ms per token of ``generate`` against back-to-back replays of the
+    captured plain forward alone (GPU time: the host launches ahead); the difference is host work the GPU waits
+    for (the step's Python, its one sync)."""
+    from specdec.static import _STORES
+
+    run = specdec_run(target, None, new_tokens, fast=fast)
+    run(prompt)
+    run(prompt)
+    s = run.last_stats
+    step_ms = 1e3 * (s.wall_time - s.prefill_time) / s.num_steps
+    mode = "compile" if fast == "compile" else "graphs"
+    store = next(st for key, st in _STORES[target].items() if key[0] == () and key[2] == mode)
+    runner = store.buffers.plain.runner
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        runner._run()
+    torch.cuda.synchronize()
+    replay_ms = 1e3 * (time.perf_counter() - t0) / reps
+    return {"fast": str(fast), "generate_ms_per_token": step_ms, "replay_only_ms": replay_ms,
+            "host_ms_per_token": step_ms - replay_ms}
+
+
+def eagle3_phases(drafter, target, prompts, new_tokens: int, fast: bool | str = True) -> dict:
     """Per-step phase times (ms) of ``drafter`` on the fast path with ``profile=True``, and the unprofiled step."""
-    profiled = specdec_run(target, drafter, new_tokens, fast=True, profile=True)
-    plain = specdec_run(target, drafter, new_tokens, fast=True)
+    profiled = specdec_run(target, drafter, new_tokens, fast=fast, profile=True)
+    plain = specdec_run(target, drafter, new_tokens, fast=fast)
+    for ids in prompts:  # warm: every graph these prompts need is captured before the timed calls
+        plain(ids)
     totals, steps, wall = {}, 0, 0.0
     for ids in prompts:
         profiled(ids)
@@ -372,21 +411,23 @@ def checks(rows: list[dict]) -> list[str]:
     if gf is None:
         return ["(no gpt-fast rows: pass --gptfast DIR for the issue's comparisons)"]
     out = []
-    plain = by.get("specdec fast plain")
-    if plain:
-        t = gf["tokens_per_s"] / plain["tokens_per_s"]
-        out.append(f"fast plain time / gpt-fast vanilla time = {t:.2f} (target <= 1.2): {'ok' if t <= 1.2 else 'MISS'}")
-    e3 = by.get("specdec fast EAGLE-3")
-    if e3:
-        r = e3["ratio_vs_gptfast"]
-        out.append(f"fast EAGLE-3 / gpt-fast vanilla tokens/s = {r:.2f} (target >= 1.5; "
-                   f"{e3['speedup_vs_hf']:.1f}x HF vanilla): {'ok' if r >= 1.5 else 'MISS'}")
-    for k in (4, 6):
-        ours, theirs = by.get(f"specdec fast SpS K={k}"), by.get(f"gpt-fast SpS K={k}")
-        if ours and theirs:
-            r = ours["tokens_per_s"] / theirs["tokens_per_s"]
-            out.append(f"fast SpS K={k} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
-                       f"{'ok' if r > 1 else 'MISS'}")
+    for variant in ("fast", "fast+compile"):
+        plain = by.get(f"specdec {variant} plain")
+        if plain:
+            t = gf["tokens_per_s"] / plain["tokens_per_s"]
+            out.append(f"{variant} plain time / gpt-fast vanilla time = {t:.2f} (target <= 1.2): "
+                       f"{'ok' if t <= 1.2 else 'MISS'}")
+        e3 = by.get(f"specdec {variant} EAGLE-3")
+        if e3:
+            r = e3["ratio_vs_gptfast"]
+            out.append(f"{variant} EAGLE-3 / gpt-fast vanilla tokens/s = {r:.2f} (target >= 1.5; "
+                       f"{e3['speedup_vs_hf']:.1f}x HF vanilla): {'ok' if r >= 1.5 else 'MISS'}")
+        for k in (4, 6):
+            ours, theirs = by.get(f"specdec {variant} SpS K={k}"), by.get(f"gpt-fast SpS K={k}")
+            if ours and theirs:
+                r = ours["tokens_per_s"] / theirs["tokens_per_s"]
+                out.append(f"{variant} SpS K={k} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
+                           f"{'ok' if r > 1 else 'MISS'}")
     spec = [r for r in by.values() if r["method"].startswith("specdec fast") and "plain" not in r["method"]
             and "eager draft" not in r["method"]]
     gspec = [r["tokens_per_s"] for r in by.values() if r["method"].startswith("gpt-fast SpS")]
@@ -418,7 +459,8 @@ def to_markdown(rows: list[dict], meta: dict, phases: dict | None, notes: list[s
         lines += [batch_note, ""]
     lines += ["Checks (issue 13):", ""] + [f"- {c}" for c in notes] + [""]
     if phases:
-        lines += ["Fast EAGLE-3, per step (profile=True, synchronised between phases):", "", "```",
+        lines += ["Fast EAGLE-3, per step (profile=True, synchronised between phases), with the Triton kernels "
+                  "and with their torch references; then the fast plain step's anatomy:", "", "```",
                   json.dumps(phases, indent=1), "```", ""]
     if errors:
         lines += ["Errors:", ""] + [f"- {k}: {v}" for k, v in errors.items()] + [""]
@@ -480,6 +522,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=None, help="budget of each timed loop")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny random models, no gpt-fast")
+    ap.add_argument("--compile", action="store_true",
+                    help='also rows with generate(fast="compile") (torch.compile before each capture)')
+    ap.add_argument("--only", nargs="+", default=None, help="keep only the specdec rows whose name holds one of these")
     ap.add_argument("--out", default="runs/bench_fast")
     args = ap.parse_args(argv)
     torch.backends.cuda.enable_cudnn_sdp(False)  # the anchor's setting
@@ -524,6 +569,9 @@ def main(argv=None) -> dict:
                          errors=errors, label="batch 1")
     rows = summarise(timed, batch=1)
     warm_s = time.perf_counter() - t0
+    with open(os.path.join(args.out, "batch1.json"), "w") as f:  # kept if a later part runs out of time
+        json.dump({"rows": rows, "errors": errors}, f, indent=1)
+    print(short_table(rows), flush=True)
 
     # 2. Batches of different prompts, left-padded: HF vanilla, eager / fast plain, fast EAGLE-3.
     for batch in args.batches:
@@ -544,14 +592,28 @@ def main(argv=None) -> dict:
                                device=device, errors=errors, label=f"batch {batch}")
         rows += summarise(timed_b, batch=batch)
 
-    # 3. Where the time of a fast EAGLE-3 step goes.
+    # 3. Where the time of a fast EAGLE-3 step goes, with the Triton kernels and with their torch references
+    # (issue 12's in-run comparison); and of a fast plain step.
     phases = None
     if "specdec fast EAGLE-3" in timed:
-        try:
-            phases = eagle3_phases(methods["specdec fast EAGLE-3"].drafter, target, prompts[:3], n)
-        except Exception as err:
-            errors["EAGLE-3 phases"] = f"{type(err).__name__}: {err}"
-            traceback.print_exc()
+        phases = {}
+        for mode in ("auto", "torch"):
+            try:
+                with sd.kernels.kernel_mode(mode):
+                    phases["kernels" if mode == "auto" else "torch references"] = eagle3_phases(
+                        methods["specdec fast EAGLE-3"].drafter, target, prompts[:3], n)
+            except Exception as err:
+                errors[f"EAGLE-3 phases ({mode})"] = f"{type(err).__name__}: {err}"
+                traceback.print_exc()
+    if device == "cuda":
+        anatomy = []
+        for fast in (True, "compile") if args.compile else (True,):
+            try:
+                anatomy.append(plain_anatomy(target, prompts[0], n, fast))
+            except Exception as err:
+                errors[f"plain anatomy ({fast})"] = f"{type(err).__name__}: {err}"
+                traceback.print_exc()
+        phases = dict(phases or {}, plain_anatomy=anatomy)
 
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     meta = dict(title=f"{name}, {str(dtype).replace('torch.', '')}, greedy, {len(prompts)} prompts cut to their last "

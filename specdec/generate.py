@@ -18,7 +18,7 @@ from .inputs import check_vocabularies, prepare_prompts, resolve_pad_token_id
 from .rows import Rows
 from .sampling import RandomSource, as_source
 from .schedule import Schedule, make_schedule
-from .static import fast_drafter, target_adapter
+from .static import fast_drafter, fast_mode, target_adapter
 from .stats import GenerationStats, StatsRecorder
 from .step import prefill, step
 from .types import SamplingParams
@@ -65,7 +65,7 @@ def generate(
     streamer=None,
     verifier: Verifier | None = None,
     profile: bool = False,
-    fast: bool = False,
+    fast: bool | str = False,
 ) -> GenerateOutput:
     """Decode with speculative decoding (or plainly, with ``drafter=None``) around an HF causal LM.
 
@@ -100,10 +100,12 @@ def generate(
             the draft's scheme, or greedy); steps without drafts take the argmax or sample, as HF does.
         profile: synchronise the device between phases and report their times in ``stats.phase_times``
             (adds syncs; for measurement only).
-        fast: the fast path (:mod:`specdec.static`): a preallocated KV cache, the target's forward captured as a
-            CUDA graph per padded size, a graphable drafter wrapped by :func:`specdec.graphs.cuda_graphed`. Same
-            results as the eager path. On CPU the same static code runs without graphs; a model without
-            static-cache support falls back to the eager path with one warning.
+        fast: the fast path (:mod:`specdec.static`): ``True`` (or ``"graphs"``): a preallocated KV cache, the
+            target's forward captured as a CUDA graph per padded size, a graphable drafter wrapped by
+            :func:`specdec.graphs.cuda_graphed`; ``"compile"``: the same, with each captured function (target
+            forwards and drafter steps) compiled by ``torch.compile`` first (fused kernels; compiling costs seconds
+            per shape on the first call). Same results as the eager path. On CPU the same static code runs without graphs; a model
+            without static-cache support falls back to the eager path with one warning.
 
     Returns:
         :class:`GenerateOutput`.
@@ -125,7 +127,7 @@ def generate(
         raise ValueError("stop_strings need a tokenizer to decode the output: pass tokenizer=...")
     adapter = target_adapter(target, drafter.feature_layers if drafter is not None else (), fast=fast,
                              prompt_len=prompts.input_ids.shape[1], max_new_tokens=max_new_tokens)
-    drafter = fast_drafter(drafter) if fast else drafter
+    drafter = fast_drafter(drafter, fast_mode(fast)) if fast else drafter
     check_vocabularies(adapter.vocab_size, drafter, tokenizer)
     adapter.check_positions(prompts.input_ids.shape[1] - 1 + max_new_tokens)
     params = SamplingParams(temperature, top_k, top_p)
@@ -156,8 +158,9 @@ def generate(
         if stats.clock is not None:
             stats.clock.start()
         out = step(adapter, out.state, drafter=drafter, num_drafts=k, sampling=params, source=source,
-                   active=active, verifier=verifier, clock=stats.clock)
-        # The step synchronised once (out.emitted is on the host); rows and stats only read host data.
+                   active=active, verifier=verifier, clock=stats.clock, sync=profile)
+        # A step with drafts synchronised once (out.emitted is on the host); a plain one left its tokens on their
+        # way, and rows read them after the next step is queued (so the host's work overlaps the device's).
         stats.record(out.emitted, rows.active, out.draft, out.result, active)
         rows.absorb(out.emitted)
 

@@ -57,9 +57,16 @@ class Rows:
         decode: ``tokens -> text``, for ``stop_strings``.
         streamer: an HF streamer (``put`` / ``end``) that receives each kept token chunk (batch size 1).
 
+    A plain step may hand its tokens over late (:class:`~specdec.step.LateTokens`: one token per row, still on
+    its way to the host): :meth:`absorb` keeps them aside and reads them at the next call, once the next step is
+    queued on the device, so the host's work overlaps the device's. Until then each row counts the token as spent
+    from its budget (so no step past a budget is ever launched); only an EOS or a stop string inside it is
+    learnt one step late, and the late step's tokens of a row that stopped are dropped, as for any inactive row.
+
     Attributes:
         tokens: per row, the tokens kept so far.
-        active: per row, whether it is still generating.
+        active: per row, whether it is still generating (stopped rows and rows whose budget the late token
+            spends are not).
     """
 
     def __init__(self, prompt_lengths: Sequence[int], max_new_tokens: int, *, eos: Sequence[int] = (),
@@ -72,9 +79,16 @@ class Rows:
         self.decode = decode
         self.streamer = streamer
         self.tokens: list[list[int]] = [[] for _ in self.prompt_lengths]
-        self.active = [True] * len(self.prompt_lengths)
+        self._going = [True] * len(self.prompt_lengths)  # not stopped by budget, EOS or stop string
+        self._late = None  # a plain step's tokens still on their way to the host
         self._mask: torch.Tensor | None = None
         self._mask_of: list[bool] | None = None
+
+    @property
+    def active(self) -> list[bool]:
+        """Per row, whether it still generates: not stopped, with budget left after the late token (if any)."""
+        spent = 1 if self._late is not None else 0
+        return [on and len(t) + spent < self.max_new_tokens for on, t in zip(self._going, self.tokens)]
 
     @property
     def any_active(self) -> bool:
@@ -88,18 +102,36 @@ class Rows:
 
     def active_mask(self, device) -> torch.Tensor:
         """Shape ``[B]`` bool on ``device``: the active rows (rebuilt only when a row has finished)."""
-        if self._mask_of != self.active:
-            self._mask, self._mask_of = torch.tensor(self.active, device=device), list(self.active)
+        active = self.active
+        if self._mask_of != active:
+            self._mask, self._mask_of = torch.tensor(active, device=device), active
         return self._mask
 
     def absorb(self, emitted: Sequence[Sequence[int]]) -> None:
         """Keep each active row's emitted tokens up to its budget, EOS or stop string; stream them.
 
+        Late tokens (anything with a ``wait()`` method returning the per-row lists, e.g.
+        :class:`~specdec.step.LateTokens`) are kept aside and read at the next call (or :meth:`settle`); the
+        late tokens held before are read first, so rows always take steps in order.
+
         Args:
             emitted: per row, the tokens a step emitted (inactive rows' entries are ignored).
         """
+        self.settle()
+        if hasattr(emitted, "wait"):
+            self._late = emitted
+            return
+        self._absorb_now(emitted)
+
+    def settle(self) -> None:
+        """Read the late tokens, if any (waits for their copy to the host), and keep them."""
+        late, self._late = self._late, None
+        if late is not None:
+            self._absorb_now(late.wait())
+
+    def _absorb_now(self, emitted: Sequence[Sequence[int]]) -> None:
         for row, new in enumerate(emitted):
-            if self.active[row]:
+            if self._going[row]:
                 self._keep(row, list(new))
 
     def _keep(self, row: int, new: list[int]) -> None:
@@ -108,16 +140,16 @@ class Rows:
         for j, token in enumerate(new):
             if token in self.eos:
                 new = new[: j + 1]
-                self.active[row] = False
+                self._going[row] = False
                 break
         tokens.extend(new)
         if self.stop_strings:
             cut = stop_index(self.decode, tokens, self.stop_strings)
             if cut is not None:
                 del tokens[cut:]
-                self.active[row] = False
+                self._going[row] = False
         if len(tokens) >= self.max_new_tokens:
-            self.active[row] = False
+            self._going[row] = False
         if self.streamer is not None and new:
             self.streamer.put(torch.tensor(new))
 
@@ -125,9 +157,9 @@ class Rows:
         """``K`` for the next step: ``k`` (the schedule's), bounded so that no active row drafts past its budget
         or past the model's last position.
 
-        Math: with ``n_b`` tokens kept and root position ``L_b = prompt_b + n_b - 1`` for active row ``b``:
-        ``K <= max_b (max_new_tokens - n_b) - 1`` (the step's next token needs room too) and
-        ``L_b + K <= max_positions - 1``.
+        Math: with ``n_b`` tokens kept (the late token counted) and root position ``L_b = prompt_b + n_b - 1``
+        for active row ``b``: ``K <= max_b (max_new_tokens - n_b) - 1`` (the step's next token needs room too)
+        and ``L_b + K <= max_positions - 1``.
 
         Args:
             k: the schedule's ``K``.
@@ -136,14 +168,17 @@ class Rows:
         Returns:
             ``K >= 0`` (0: a plain step).
         """
+        spent = 1 if self._late is not None else 0
+        kept = [len(self.tokens[b]) + spent for b, on in enumerate(self.active) if on]
         live = [b for b, on in enumerate(self.active) if on]
-        k = min(k, max(self.max_new_tokens - len(self.tokens[b]) for b in live) - 1)
+        k = min(k, max(self.max_new_tokens - n for n in kept) - 1)
         if max_positions is not None:
-            k = min(k, max_positions - 1 - max(self.prompt_lengths[b] + len(self.tokens[b]) - 1 for b in live))
+            k = min(k, max_positions - 1 - max(self.prompt_lengths[b] + n - 1 for b, n in zip(live, kept)))
         return max(k, 0)
 
     def finish(self) -> None:
-        """Tell the streamer the call is over."""
+        """Read the late tokens (if any) and tell the streamer the call is over."""
+        self.settle()
         if self.streamer is not None:
             self.streamer.end()
 

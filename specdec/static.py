@@ -67,7 +67,8 @@ from .graphs import CapturedStep, capture_graph, capture_graph_ref
 from .kernels import compact_kv, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
-           "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter"]
+           "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter",
+           "fast_mode", "FAST_MODES"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -207,14 +208,34 @@ def compiled_capture(capture: Callable[..., CapturedStep] = capture_graph, **com
     Args:
         capture: the capture to apply after compiling (:func:`~specdec.graphs.capture_graph`, or
             :func:`~specdec.graphs.capture_graph_ref` to run the compiled function without graphs).
-        **compile_kwargs: passed to ``torch.compile`` (e.g. ``backend=``, ``mode=``).
+        **compile_kwargs: passed to ``torch.compile`` (e.g. ``backend=``, ``mode=``); without any of
+            ``backend`` / ``mode`` / ``options``, inductor runs with ``coordinate_descent_tuning`` (gpt-fast's
+            setting: it tunes the reductions of one-token matmuls; it lengthens compiling).
 
     Returns:
         ``capture_fn(fn, inputs) -> CapturedStep``.
     """
+    if not {"backend", "mode", "options"} & set(compile_kwargs):  # gpt-fast's inductor setting: tuned reductions
+        compile_kwargs["options"] = {"coordinate_descent_tuning": True}
+
     def capture_compiled(fn, inputs):
+        _raise_recompile_limits()
         return capture(torch.compile(fn, dynamic=False, **compile_kwargs), inputs)
     return capture_compiled
+
+
+def _raise_recompile_limits(limit: int = 64) -> None:
+    """Let dynamo keep one compiled graph per bucket and batch size: every bucket's forward is the same Python
+    function (one code object), and past dynamo's default limit of 8 it would silently fall back to eager."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(config, name) and getattr(config, name) < limit:
+            setattr(config, name, limit)
+    for name in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(config, name) and getattr(config, name) < 4 * limit:
+            setattr(config, name, 4 * limit)
 
 
 class StaticCacheState(NamedTuple):
@@ -731,7 +752,7 @@ def _replay(runner: CapturedStep):
 _STORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: bool, prompt_len: int,
+def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: bool | str, prompt_len: int,
                    max_new_tokens: int, buckets: Sequence[int] = DEFAULT_BUCKETS):
     """The target adapter ``generate()`` uses: :class:`StaticAdapter` when ``fast`` and the model supports it.
 
@@ -743,7 +764,8 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
     Args:
         model: the target, an HF causal LM.
         feature_layers: HF ``hidden_states`` indices the drafter reads.
-        fast: choose the static path.
+        fast: ``False`` (eager), ``True`` (the static path, graphs on CUDA) or ``"compile"`` (the static path,
+            each bucket's forward compiled with ``torch.compile`` before its capture: :func:`compiled_capture`).
         prompt_len: ``T``, the padded prompt length.
         max_new_tokens: new tokens per row.
         buckets: padded forward sizes.
@@ -751,7 +773,8 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
     Returns:
         A :class:`StaticAdapter` or a :class:`~specdec.adapter.ModelAdapter`.
     """
-    if not fast:
+    mode = fast_mode(fast)
+    if mode is None:
         return ModelAdapter(model, feature_layers)
     reason = static_support(model)
     if reason is not None:
@@ -761,36 +784,70 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
     capacity = capacity_for(prompt_len, max_new_tokens, max(buckets))
     if not next(model.parameters()).is_cuda:
         return StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
-    store = _STORES.setdefault(model, {}).setdefault((tuple(feature_layers), tuple(sorted(set(buckets)))), _Store())
+    key = (tuple(feature_layers), tuple(sorted(set(buckets))), mode)
+    store = _STORES.setdefault(model, {}).setdefault(key, _Store())
     if store.buffers is not None:  # keep the held buffers (and graphs) when the run fits in them
         capacity = max(capacity, store.buffers.valid.shape[1])
-    adapter = StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
+    adapter = StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets,
+                            capture=compiled_capture() if mode == "compile" else None)
     adapter._store = store
     return adapter
 
 
-def fast_drafter(drafter):
-    """``drafter`` wrapped by :func:`specdec.graphs.cuda_graphed` when it is graphable and not wrapped yet.
+FAST_MODES = (False, True, "graphs", "compile")
 
-    The wrapper is kept per drafter, so graphs captured in one ``generate()`` call replay in the next.
+
+def fast_mode(fast) -> str | None:
+    """``generate()``'s ``fast`` argument as ``None`` (eager), ``"graphs"`` or ``"compile"``.
+
+    Args:
+        fast: ``False``, ``True`` (= ``"graphs"``), ``"graphs"`` or ``"compile"``.
+
+    Raises:
+        ValueError: any other value (names the accepted ones).
+    """
+    if fast is False or fast is None:
+        return None
+    if fast is True or fast == "graphs":
+        return "graphs"
+    if fast == "compile":
+        return "compile"
+    raise ValueError(f"fast must be one of False, True (= 'graphs') or 'compile', got {fast!r}")
+
+
+def fast_drafter(drafter, mode: str = "graphs"):
+    """``drafter`` wrapped by :func:`specdec.graphs.cuda_graphed` when it is graphable and not wrapped yet (with
+    ``mode="compile"``, a drafter wrapped with the default capture is wrapped again, compiled).
+
+    The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next.
 
     Args:
         drafter: a :class:`~specdec.drafters.Drafter` or ``None``.
+        mode: ``"graphs"``, or ``"compile"``: each captured step is compiled first (:func:`compiled_capture`).
 
     Returns:
         The drafter to use.
     """
-    from .graphs import GraphableDrafter, GraphedDrafter, cuda_graphed
+    from .graphs import GraphableDrafter, GraphedDrafter
 
-    if drafter is None or isinstance(drafter, GraphedDrafter) or not isinstance(drafter, GraphableDrafter):
+    if isinstance(drafter, GraphedDrafter):  # e.g. from a recipe: kept, unless it should compile and does not
+        if mode != "compile" or drafter.capture is not capture_graph:
+            return drafter
+        drafter = drafter.drafter
+    if drafter is None or not isinstance(drafter, GraphableDrafter):
         return drafter
+
+    def wrap():
+        if mode == "compile":
+            return GraphedDrafter(drafter, capture=compiled_capture())
+        return GraphedDrafter(drafter)
     try:
-        wrapped = _DRAFTERS.get(drafter)
-        if wrapped is None:
-            wrapped = _DRAFTERS[drafter] = cuda_graphed(drafter)
+        wrappers = _DRAFTERS.setdefault(drafter, {})
     except TypeError:  # not weak-referenceable
-        wrapped = cuda_graphed(drafter)
-    return wrapped
+        return wrap()
+    if mode not in wrappers:
+        wrappers[mode] = wrap()
+    return wrappers[mode]
 
 
 _DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

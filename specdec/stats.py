@@ -125,13 +125,15 @@ class StatsRecorder:
         """Count one step.
 
         Args:
-            emitted: per row, the tokens the step emitted (before the rows' stopping rules).
+            emitted: per row, the tokens the step emitted (before the rows' stopping rules), or
+                :class:`~specdec.step.LateTokens` (only their ``lengths`` are read).
             active: per row, whether it was active during the step.
             draft: the verified draft (``None`` for a plain step).
             result: the verifier's result (``None`` for a plain step).
             active_mask: Shape ``[B]`` bool, ``active`` on the device (for the per-depth counters).
         """
-        counts = [len(e) for e, on in zip(emitted, active) if on]
+        lengths = getattr(emitted, "lengths", None)  # LateTokens: known without reading the tokens
+        counts = [n for n, on in zip(lengths if lengths is not None else map(len, emitted), active) if on]
         self.accepted.append([c - 1 for c in counts])
         self.emitted += sum(counts)
         self.row_steps += len(counts)

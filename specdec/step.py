@@ -20,7 +20,7 @@ drafter and the verifier alike, so pre-drawn noise (:class:`~specdec.sampling.Pr
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -31,7 +31,7 @@ from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
 from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
 
-__all__ = ["DecodeState", "StepOutput", "prefill", "step"]
+__all__ = ["DecodeState", "StepOutput", "LateTokens", "prefill", "step"]
 
 GREEDY = SamplingParams()
 
@@ -51,13 +51,54 @@ class DecodeState(NamedTuple):
     drafter_state: Any = None
 
 
+class LateTokens(Sequence):
+    """A plain step's tokens, one per row, whose copy to the host is under way (``step(..., sync=False)``).
+
+    The copy is queued behind the step's kernels (non-blocking, with an event), so the host can queue the next step
+    before reading it. Reading it (:meth:`wait`, indexing, iterating) waits for the copy, not for later work;
+    ``lengths`` (one token per row) is known at once. :class:`specdec.rows.Rows` reads it one step late.
+
+    Args:
+        tokens: Shape ``[B]`` int64, each row's next token, on any device.
+
+    Attributes:
+        lengths: ``[1] * B``, tokens per row.
+    """
+
+    def __init__(self, tokens: torch.Tensor):
+        self.lengths = [1] * tokens.shape[0]
+        self._rows: list[list[int]] | None = None
+        self._event = None
+        if tokens.is_cuda:
+            self._host = tokens.to("cpu", non_blocking=True)  # pinned by torch for a non-blocking copy
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = tokens
+
+    def wait(self) -> list[list[int]]:
+        """Per row, its token (waits for the copy once)."""
+        if self._rows is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._rows = [[t] for t in self._host.tolist()]
+        return self._rows
+
+    def __getitem__(self, row):
+        return self.wait()[row]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
 class StepOutput(NamedTuple):
     """What one step (or the prefill) produced.
 
     Attributes:
         emitted: per row, the tokens this step emitted, on the host (the step's one host sync): the accepted
             drafts, then the next token (bonus or recovered). Rows marked inactive get tokens too, but nothing of
-            theirs was committed: ignore them.
+            theirs was committed: ignore them. A plain step run with ``sync=False`` returns a
+            :class:`LateTokens` (the same per-row lists, read when first used).
         state: the :class:`DecodeState` to continue from.
         draft: the verified :class:`~specdec.types.Draft` (``None`` for a step without drafts).
         result: the :class:`~specdec.types.VerifyResult` (``None`` for a step without drafts).
@@ -108,7 +149,7 @@ def prefill(adapter: ModelAdapter, input_ids: torch.Tensor, attention_mask: torc
 def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None = None, num_drafts: int = 0,
          sampling: SamplingParams = GREEDY, source: RandomSource | None = None,
          active: torch.Tensor | None = None, verifier: Verifier | None = None,
-         clock: Callable[[str], None] | None = None) -> StepOutput:
+         clock: Callable[[str], None] | None = None, sync: bool = True) -> StepOutput:
     """One decoding step: draft, run the target, verify, keep the accepted path, tell the drafter.
 
     Math (per row; accepted / bonus / recovered as in vLLM's rejection sampler): the row emits its accepted
@@ -131,6 +172,8 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             :func:`~specdec.verify.as_verifier`). Steps without drafts never call a verifier.
         clock: called with a phase name (``draft``, ``target``, ``verify``, ``commit``, ``update``) at the end of
             each phase, for profiling (see :class:`~specdec.stats.PhaseClock`).
+        sync: ``False`` lets a step without drafts return without a host sync: its ``emitted`` is a
+            :class:`LateTokens` (a step with drafts always synchronises once: the commit needs the counts).
 
     Returns:
         :class:`StepOutput`.
@@ -154,7 +197,8 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             vocab_size=adapter.vocab_size))
         _tick(clock, "draft")
     if draft is None or draft.num_nodes == 0:
-        return _plain(adapter, state._replace(drafter_state=drafter_state), drafter, sampling, source, active, clock)
+        return _plain(adapter, state._replace(drafter_state=drafter_state), drafter, sampling, source, active, clock,
+                      sync)
     return _tree(adapter, state._replace(drafter_state=drafter_state), draft, num_drafts, drafter, sampling,
                  source, active, verifier, clock)
 
@@ -163,7 +207,7 @@ def _all_rows(roots: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(roots, dtype=torch.bool)
 
 
-def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock) -> StepOutput:
+def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock, sync: bool = True) -> StepOutput:
     """A step without drafts: HF's one-token decode, the token kept at once."""
     # 2. Target forward of each root on the cache, with the mask HF would build (none without padding).
     # 3. Nothing to verify: the next token is the argmax, or a draw from the processed target law. (The fast path
@@ -187,8 +231,9 @@ def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock
             valid=valid, features=out.features, roots=next_tokens,
             accepted_nodes=torch.zeros_like(valid, dtype=torch.long)))
         _tick(clock, "update")
-    # The step's one host sync: the token each row emitted (the row bookkeeping needs it).
-    emitted = [[t] for t in next_tokens.tolist()]
+    # The step's one host sync: the token each row emitted (the row bookkeeping needs it); or none, the copy left
+    # under way for the caller to read after queueing the next step.
+    emitted = [[t] for t in next_tokens.tolist()] if sync else LateTokens(next_tokens)
     return StepOutput(emitted=emitted, state=DecodeState(cache=cache, roots=next_tokens, drafter_state=drafter_state))
 
 

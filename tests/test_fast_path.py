@@ -214,6 +214,30 @@ def test_greedy_fast_path_is_token_identical_to_the_eager_path(name, batch, devi
         assert torch.equal(fast.sequences, hf)
 
 
+def test_fast_takes_false_true_graphs_or_compile_and_names_them_on_anything_else():
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(2)
+    with pytest.raises(ValueError, match="'compile'"):
+        generate(model, ids, attention_mask=mask, max_new_tokens=2, fast="fastest")
+    runs = [generate(model, ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[], fast=fast).sequences
+            for fast in (False, True, "graphs", "compile")]  # on CPU "compile" runs the static code uncompiled
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["plain", "eagle2"])
+def test_the_compiled_fast_path_is_token_identical_to_the_eager_path_on_the_gpu(name):
+    model = tiny_model("llama", scale=3.0).cuda()
+    ids, mask = _prompts(3, "cuda")
+    drafter = _drafter(name, model)
+    eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24, eos_token_id=[])
+    fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=24, eos_token_id=[],
+                    fast="compile")
+    assert torch.equal(eager.sequences, fast.sequences)
+    assert eager.stats.num_target_forwards == fast.stats.num_target_forwards
+
+
 @pytest.mark.parametrize("arch", ["mistral", "qwen3", "gpt_neox", "phi3"])
 def test_other_architectures_run_the_static_path_with_the_same_tokens(arch):
     model = tiny_model(arch, scale=3.0)
@@ -426,3 +450,30 @@ def test_a_fast_plain_step_runs_only_a_few_aten_ops_outside_its_captured_forward
     # no tree mask, no cat, no allocation. (Before issue 13's changes: 24 ops and a tree_mask launch.)
     assert sum(counter.ops.values()) <= 6, counter.ops
     assert not {"aten.argmax", "aten.cat", "aten.full", "aten.arange"} & set(counter.ops), counter.ops
+
+
+@pytest.mark.parametrize("name", ["eagle2"])
+def test_compiled_drafter_steps_give_the_same_tokens(name):
+    """generate(fast="compile") compiles the drafter's captured steps too: traced by dynamo (eager backend) here."""
+    from specdec.graphs import GraphedDrafter
+
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(2)
+    drafter = _drafter(name, model)
+    drafter = drafter.drafter if isinstance(drafter, GraphedDrafter) else drafter  # recipes return graphed drafters
+    traced = GraphedDrafter(drafter, capture=compiled_capture(
+        lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0), backend="eager"), device_types=("cpu",))
+    runs = [generate(model, ids, attention_mask=mask, drafter=d, max_new_tokens=12, eos_token_id=[], fast=True)
+            for d in (drafter, traced)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert runs[0].stats.num_target_forwards == runs[1].stats.num_target_forwards
+
+
+def test_kernels_dispatch_to_their_references_inside_torch_compile(monkeypatch):
+    from specdec.kernels import _dispatch
+
+    monkeypatch.setattr(_dispatch, "triton_available", lambda: True)
+    cuda_like = type("T", (), {"is_cuda": True})()
+    assert _dispatch.use_kernel("tree_mask", cuda_like)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not _dispatch.use_kernel("tree_mask", cuda_like)

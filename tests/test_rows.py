@@ -41,3 +41,29 @@ def test_the_active_mask_is_rebuilt_only_when_a_row_finishes():
     assert rows.active_mask("cpu") is first
     rows.absorb([[7], [2]])
     assert rows.active_mask("cpu").tolist() == [False, True]
+
+
+def test_late_tokens_count_against_the_budget_at_once_and_are_read_at_the_next_absorb():
+    from specdec.step import LateTokens
+
+    rows = Rows([4, 4], 3, eos=[9])
+    rows.absorb([[1], [2]])
+    late = LateTokens(torch.tensor([9, 5]))  # row 0 emits EOS; the host does not know it yet
+    rows.absorb(late)
+    assert rows.tokens == [[1], [2]]  # kept aside, not read
+    assert rows.active == [True, True] and rows.num_drafts(4, None) == 0  # 1 + 1 late of 3: room for 1 token
+    rows.absorb(LateTokens(torch.tensor([7, 6])))  # the next step: the late one is read first, in order
+    assert rows.tokens == [[1, 9], [2, 5]]
+    assert rows.active == [False, False]  # row 0 stopped at EOS; row 1's budget is spent by the late token
+    rows.finish()  # reads the last late tokens: row 0's 7 comes after its EOS and is dropped
+    assert rows.tokens == [[1, 9], [2, 5, 6]]
+
+
+def test_late_tokens_are_read_before_the_next_step_s_tokens():
+    from specdec.step import LateTokens
+
+    rows = Rows([2], 10)
+    rows.absorb(LateTokens(torch.tensor([3])))
+    rows.absorb([[4, 5, 6]])  # a step with drafts after a plain step
+    assert rows.tokens == [[3, 4, 5, 6]]
+    assert LateTokens(torch.tensor([1, 2])).lengths == [1, 1] and list(LateTokens(torch.tensor([8]))) == [[8]]

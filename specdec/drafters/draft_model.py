@@ -97,6 +97,7 @@ class DraftModelDrafter:
             one-token forward (a bucket-1 replay); the pending committed tokens are one bucketed forward; the
             commit moves the kept entries in place. Same drafts as ``fast=False`` (float32). A draft model the
             static path refuses (see :func:`~specdec.static.static_support`) runs eagerly after one warning.
+            ``fast="compile"``: the same, each captured forward compiled by ``torch.compile`` first (on CUDA).
         capacity: with ``fast=True``, cache slots per row (``Lmax``; attention spans all of them every forward):
             at least prompt + new tokens + the widest forward + 1, e.g.
             ``capacity_for(prompt_len, max_new_tokens, 16)``. ``None``: the draft model's
@@ -108,7 +109,7 @@ class DraftModelDrafter:
     """
 
     def __init__(self, model, num_drafts: int | None = None, tree: Tree | list | str | None = None,
-                 mode: str = "auto", *, fast: bool = False, capacity: int | None = None):
+                 mode: str = "auto", *, fast: bool | str = False, capacity: int | None = None):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         if tree is not None and not isinstance(tree, Tree):
@@ -122,6 +123,8 @@ class DraftModelDrafter:
                 f"num_drafts={num_drafts} is deeper than the tree, which has {tree.max_depth} levels: pass "
                 f"num_drafts <= {tree.max_depth} (or leave it out to use the tree's depth), or a deeper tree. specdec "
                 f"refuses rather than clamps, so that the K you asked for is the K you get.")
+        if fast not in (False, True, "graphs", "compile"):
+            raise ValueError(f"fast must be one of False, True (= 'graphs') or 'compile', got {fast!r}.")
         self.model = model
         self.adapter = ModelAdapter(model, role="draft model")
         self.fast = fast
@@ -164,7 +167,7 @@ class DraftModelDrafter:
         Built once and kept: its buffers and captured graphs are reused by later runs of the same batch size. A run
         that outgrows ``capacity`` raises :class:`~specdec.static.CapacityError` (the cache never wraps around).
         """
-        from ..static import StaticAdapter, capacity_for, static_support
+        from ..static import StaticAdapter, capacity_for, compiled_capture, static_support
 
         if self._static is False:
             return None
@@ -183,7 +186,9 @@ class DraftModelDrafter:
                              f"{prompt_len} tokens and a draft of {self.max_num_drafts}: pass "
                              f"capacity=capacity_for(prompt_len, max_new_tokens, 16) or larger.")
         if self._static is None or self._static.capacity != capacity:
-            self._static = StaticAdapter(self.model, capacity=capacity, buckets=_DRAFT_BUCKETS, role="draft model")
+            compiled = self.fast == "compile" and next(self.model.parameters()).is_cuda
+            self._static = StaticAdapter(self.model, capacity=capacity, buckets=_DRAFT_BUCKETS, role="draft model",
+                                         capture=compiled_capture() if compiled else None)
         return self._static
 
     def start(self, feedback: Feedback) -> DraftModelState:

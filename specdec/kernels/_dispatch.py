@@ -1,7 +1,8 @@
 """Which implementation an op runs: the Triton kernel or its torch reference.
 
 Rule (``mode="auto"``, the default): the kernel when every tensor argument lives on a CUDA device and
-``triton`` imports; the reference otherwise. ``mode="triton"`` forces the kernel (on CPU tensors this needs the
+``triton`` imports, outside ``torch.compile``; the reference otherwise (inside a compiled function inductor fuses
+the reference's ops). ``mode="triton"`` forces the kernel (on CPU tensors this needs the
 Triton interpreter, ``TRITON_INTERPRET=1`` set before ``specdec.kernels`` is imported); ``mode="torch"``
 forces the reference. Tests and benchmarks switch with :func:`kernel_mode`.
 """
@@ -82,7 +83,9 @@ def use_kernel(op: str, *tensors: torch.Tensor) -> bool:
     if _mode == "torch":
         return False
     if _mode == "auto":
-        return triton_available() and all(t.is_cuda for t in tensors)
+        # Inside torch.compile (generate(fast="compile")) the reference's torch ops are traced and fused by
+        # inductor instead: the launchers' byte views of bool tensors do not lower there.
+        return triton_available() and all(t.is_cuda for t in tensors) and not torch.compiler.is_compiling()
     if not triton_available():
         raise RuntimeError(
             f"{op}: kernel mode 'triton' was forced but triton does not import here; install triton or use "
