@@ -152,8 +152,9 @@ def main(argv=None) -> dict:
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
             tokens = sum(len(o.tokens[0]) for o in outs)
+            tau = sum(o.emitted for o in outs) / sum(o.steps for o in outs)
             done({"part": label, "first_call_s": first, "tokens_per_s": tokens / wall,
-                  "ms_per_token": 1e3 * wall / tokens, "tau": sum(o.emitted for o in outs) / sum(o.steps for o in outs)})
+                  "ms_per_token": 1e3 * wall / tokens, "tau": tau})
 
     if args.phases and head is not None:
         drafter = sd.recipes.eagle3(head)

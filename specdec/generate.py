@@ -104,8 +104,9 @@ def generate(
             target's forward captured as a CUDA graph per padded size, a graphable drafter wrapped by
             :func:`specdec.graphs.cuda_graphed`; ``"compile"``: the same, with each captured function (target
             forwards and drafter steps) compiled by ``torch.compile`` first (fused kernels; compiling costs seconds
-            per shape on the first call). Same results as the eager path. On CPU the same static code runs without graphs; a model
-            without static-cache support falls back to the eager path with one warning.
+            per shape on the first call). Same results as the eager path. On CPU the same static code runs
+            without graphs (uncompiled); a model without static-cache support falls back to the eager path with
+            one warning.
 
     Returns:
         :class:`GenerateOutput`.
