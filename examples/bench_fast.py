@@ -257,7 +257,7 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
         if draft is not None and args.draft_k:
             k = args.draft_k[-1]
             makers[f"specdec fast+compile SpS K={k}"] = (
-                lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), "compile")
+                lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast="compile", capacity=draft_capacity), "compile")
     if args.only:
         makers = {name: v for name, v in makers.items() if any(part in name for part in args.only)}
     methods = {}
