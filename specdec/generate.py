@@ -154,12 +154,16 @@ def generate(
 
     # 3. Decode until every row is done: K from the schedule (bounded by budgets and positions), one step.
     while rows.any_active:
-        k = rows.num_drafts(schedule(rows.num_active), adapter.max_positions)
+        wanted = schedule(rows.num_active)
+        depth = rows.num_drafts(wanted, adapter.max_positions)  # what the budgets let this step verify
+        # Near the budgets the drafter still drafts the schedule's K (one shape for captured steps to the end), and
+        # the step verifies no deeper than `depth`.
+        k = rows.num_drafts(wanted, adapter.max_positions, budget=False) if depth else 0
         active = rows.active_mask(prompts.input_ids.device)  # rebuilt only when a row has finished
         if stats.clock is not None:
             stats.clock.start()
         out = step(adapter, out.state, drafter=drafter, num_drafts=k, sampling=params, source=source,
-                   active=active, verifier=verifier, clock=stats.clock, sync=profile)
+                   active=active, verifier=verifier, clock=stats.clock, sync=profile, max_depth=depth)
         # A step with drafts synchronised once (out.emitted is on the host); a plain one left its tokens on their
         # way, and rows read them after the next step is queued (so the host's work overlaps the device's).
         stats.record(out.emitted, rows.active, out.draft, out.result, active)

@@ -153,9 +153,9 @@ class Rows:
         if self.streamer is not None and new:
             self.streamer.put(torch.tensor(new))
 
-    def num_drafts(self, k: int, max_positions: int | None) -> int:
+    def num_drafts(self, k: int, max_positions: int | None, *, budget: bool = True) -> int:
         """``K`` for the next step: ``k`` (the schedule's), bounded so that no active row drafts past its budget
-        or past the model's last position.
+        (unless ``budget=False``) or past the model's last position.
 
         Math: with ``n_b`` tokens kept (the late token counted) and root position ``L_b = prompt_b + n_b - 1``
         for active row ``b``: ``K <= max_b (max_new_tokens - n_b) - 1`` (the step's next token needs room too)
@@ -164,6 +164,8 @@ class Rows:
         Args:
             k: the schedule's ``K``.
             max_positions: the model's ``max_position_embeddings`` (``None``: unbounded).
+            budget: bound by the budgets too (``False``: by positions only, the depth a step may *draft* while
+                verifying less, so that drafting keeps one shape to the end).
 
         Returns:
             ``K >= 0`` (0: a plain step).
@@ -171,7 +173,8 @@ class Rows:
         spent = 1 if self._late is not None else 0
         kept = [len(self.tokens[b]) + spent for b, on in enumerate(self.active) if on]
         live = [b for b, on in enumerate(self.active) if on]
-        k = min(k, max(self.max_new_tokens - n for n in kept) - 1)
+        if budget:
+            k = min(k, max(self.max_new_tokens - n for n in kept) - 1)
         if max_positions is not None:
             k = min(k, max_positions - 1 - max(self.prompt_lengths[b] + n - 1 for b, n in zip(live, kept)))
         return max(k, 0)

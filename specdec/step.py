@@ -27,6 +27,7 @@ import torch
 
 from .adapter import CacheState, ModelAdapter
 from .drafters.base import Drafter, Feedback, ProposeRequest
+from .gating import truncate_draft
 from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
 from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
@@ -149,7 +150,8 @@ def prefill(adapter: ModelAdapter, input_ids: torch.Tensor, attention_mask: torc
 def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None = None, num_drafts: int = 0,
          sampling: SamplingParams = GREEDY, source: RandomSource | None = None,
          active: torch.Tensor | None = None, verifier: Verifier | None = None,
-         clock: Callable[[str], None] | None = None, sync: bool = True) -> StepOutput:
+         clock: Callable[[str], None] | None = None, sync: bool = True,
+         max_depth: int | None = None) -> StepOutput:
     """One decoding step: draft, run the target, verify, keep the accepted path, tell the drafter.
 
     Math (per row; accepted / bonus / recovered as in vLLM's rejection sampler): the row emits its accepted
@@ -174,6 +176,9 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             each phase, for profiling (see :class:`~specdec.stats.PhaseClock`).
         sync: ``False`` lets a step without drafts return without a host sync: its ``emitted`` is a
             :class:`LateTokens` (a step with drafts always synchronises once: the commit needs the counts).
+        max_depth: verify no deeper than this (``None``: ``num_drafts``): the draft of ``num_drafts`` levels is cut
+            with :func:`specdec.gating.truncate_draft` (lossless: it only removes nodes), so a drafter keeps one
+            shape when a budget leaves room for fewer tokens.
 
     Returns:
         :class:`StepOutput`.
@@ -195,6 +200,8 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             roots=state.roots, root_positions=state.cache.lengths, num_drafts=num_drafts, sampling=sampling,
             source=source, active=_all_rows(state.roots) if active is None else active,
             vocab_size=adapter.vocab_size))
+        if max_depth is not None and max_depth < num_drafts:
+            draft = truncate_draft(draft, torch.full_like(state.roots, max_depth))
         _tick(clock, "draft")
     if draft is None or draft.num_nodes == 0:
         return _plain(adapter, state._replace(drafter_state=drafter_state), drafter, sampling, source, active, clock,

@@ -477,3 +477,21 @@ def test_kernels_dispatch_to_their_references_inside_torch_compile(monkeypatch):
     assert _dispatch.use_kernel("tree_mask", cuda_like)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not _dispatch.use_kernel("tree_mask", cuda_like)
+
+
+def test_near_the_budget_the_drafter_keeps_its_k_and_the_step_verifies_less():
+    """The last steps of a row draft the schedule's K (one captured propose shape) and verify only what fits."""
+    from specdec.graphs import GraphedDrafter
+
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(2)
+    drafter = _drafter("eagle2", model)
+    inner = drafter.drafter if isinstance(drafter, GraphedDrafter) else drafter
+    graphed = GraphedDrafter(inner, capture=lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0),
+                             device_types=("cpu",))
+    for n in (5, 11):
+        out = generate(model, ids, attention_mask=mask, drafter=graphed, max_new_tokens=n, eos_token_id=[], fast=True)
+        assert out.num_new_tokens.tolist() == [n, n]
+        eager = generate(model, ids, attention_mask=mask, drafter=inner, max_new_tokens=n, eos_token_id=[])
+        assert torch.equal(out.sequences, eager.sequences)
+    assert [key for key in graphed.graph_keys if key[0] == "propose"] == [("propose", 3)]
