@@ -10,6 +10,7 @@ Bytes counted (reads + writes of the data the op needs, at the dtypes used here)
 
 - ``tree_mask``: the mask (``B * M * Lc_aligned`` bf16) + committed_valid + parents.
 - ``head_tree_mask``: the bool mask ``B * F * C`` + visible ``B * F * S`` + lengths.
+- ``emitted_tokens``: the path and the output (``B * (D + 1)`` int64 each), the gathered tokens, the counts.
 - ``verify_greedy``: the logits ``B * (N + 1) * V`` (bf16).
 - ``verify_chain_noise``: per row the target and draft rows at the first rejection (fp32) and the exponentials
   (fp64): ``B * V * 16`` (+ the per-node gathers).
@@ -123,6 +124,18 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
                                                                                       torch.bool),
                         batch * frontier * (capacity + scratch) + batch * 8,
                         f"S0={shapes.prefix}, F={frontier}, S={scratch}, C={capacity}, bool"))
+        # emitted_tokens: a 60-node draft, paths of up to 8 accepted drafts (D + 1 = 9 columns), int64
+        draft_tokens = torch.randint(0, 8192, (batch, n), generator=g).to(device)
+        accepted = torch.randint(0, min(8, n) + 1, (batch,), generator=g)
+        path = torch.full((batch, 9), -1, dtype=torch.long)
+        path[:, 0] = 0
+        for b in range(batch):
+            path[b, 1:1 + int(accepted[b])] = torch.randperm(n, generator=g)[:int(accepted[b])] + 1
+        bonus = torch.randint(0, 8192, (batch,), generator=g).to(device)
+        out.append(Case("emitted_tokens", batch, None,
+                        lambda t=draft_tokens, p=path.to(device), a=accepted.to(device), x=bonus:
+                        K.emitted_tokens(t, p, a, x),
+                        batch * (9 * 8 * 3 + 8 * 3), f"N={n}, D+1=9, int64"))
         for vocab in shapes.vocabs:
             tree = Draft(torch.zeros(batch, n, dtype=torch.long), parents, depths, None, DraftScheme.DETERMINISTIC)
             logits = torch.randn(batch, n + 1, vocab, generator=gd, device=device)
@@ -285,7 +298,7 @@ def compile_only(arch: int) -> list[dict]:
     types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
              torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
     modules = [K.tree_mask.__module__, K.verify_greedy.__module__, K.compact_kv.__module__,
-               K.parallel_draft_inputs.__module__]
+               K.parallel_draft_inputs.__module__, K.emitted_tokens.__module__]
     launches = []
 
     class Recorder:

@@ -799,19 +799,12 @@ def emitted_tokens(draft: Draft, result: VerifyResult) -> tuple[torch.Tensor, to
 
     References:
         vLLM rejection sampler (``vllm/v1/sample/rejection_sampler.py``): its glossary (accepted, recovered,
-        bonus tokens) and its ``-1``-padded ``[B, K + 1]`` output layout.
+        bonus tokens) and its ``-1``-padded ``[B, K + 1]`` output layout. The op itself is
+        :func:`specdec.kernels.emitted_tokens` (kernel and reference).
     """
-    nodes = result.accepted_nodes[:, 1:]
-    on_path = nodes > 0
-    node_tokens = draft.tokens.gather(1, (nodes - 1).clamp_min(0)) if draft.tokens.shape[1] else nodes.clone()
-    node_tokens = torch.where(on_path, node_tokens, torch.full_like(node_tokens, -1))
-    # The next token's column: built from the row count, not from node_tokens, which has no columns for D = 0.
-    tokens = torch.cat([node_tokens, node_tokens.new_full((node_tokens.shape[0], 1), -1)], dim=1)
-    column = torch.arange(tokens.shape[1], device=tokens.device)[None]
-    count = result.num_accepted[:, None]
-    tokens = torch.where(column == count, result.next_tokens[:, None], tokens)
-    tokens = torch.where(column > count, torch.full_like(tokens, -1), tokens)
-    return tokens, result.num_accepted + 1
+    from .kernels import emitted_tokens as dispatching  # one Triton launch on CUDA, the torch reference elsewhere
+
+    return dispatching(draft.tokens, result.accepted_nodes, result.num_accepted, result.next_tokens)
 
 
 def check_draft(draft: Draft, vocab_size: int | None = None, *, chain: bool = False) -> None:

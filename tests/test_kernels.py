@@ -26,6 +26,8 @@ from specdec.kernels import (
     _dispatch,
     compact_kv,
     compact_kv_ref,
+    emitted_tokens,
+    emitted_tokens_ref,
     head_tree_mask,
     head_tree_mask_ref,
     interpreter_enabled,
@@ -270,6 +272,56 @@ def test_head_tree_mask_rejects_bad_input_with_a_fix():
         head_tree_mask(lengths, visible, 5, 10, torch.bool, out=torch.zeros(2, 1, 2, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"shape \[B\]"):
         head_tree_mask(lengths.float(), visible, 5, 10, torch.bool)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Emitted tokens (vLLM's [B, K + 1] layout)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def verified_rows(seed: int, batch: int, nodes: int, depth: int):
+    """Draft tokens ``[B, N]`` and a verify result (path ``[B, D + 1]``, counts, next tokens), different per row,
+    rows that accept nothing included."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 151936, (batch, nodes), generator=g)
+    path = torch.full((batch, depth + 1), -1, dtype=torch.long)
+    path[:, 0] = 0
+    accepted = torch.zeros(batch, dtype=torch.long)
+    for b in range(batch):
+        n = int(torch.randint(0, min(depth, nodes) + 1, (1,), generator=g)) if nodes else 0
+        accepted[b] = n
+        path[b, 1:1 + n] = torch.randperm(nodes, generator=g)[:n] + 1
+    return tokens, path, accepted, torch.randint(0, 151936, (batch,), generator=g)
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("nodes, depth", [(0, 0), (1, 1), (7, 3), (60, 8), (64, 64)])
+def test_emitted_tokens_kernel_equals_reference(batch, nodes, depth):
+    args = [t.to(DEVICE) for t in verified_rows(batch * 100 + nodes, batch, nodes, depth)]
+    got, want = kernel(emitted_tokens, *args), reference(emitted_tokens, *args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    tokens, counts = want
+    path, accepted, nxt = args[1:]
+    for b in range(batch):  # the layout: accepted drafts in path order, the next token, then -1
+        n = int(accepted[b])
+        assert tokens[b, :n].tolist() == [int(args[0][b, int(path[b, j + 1]) - 1]) for j in range(n)]
+        assert int(tokens[b, n]) == int(nxt[b]) and (tokens[b, n + 1:] == -1).all() and int(counts[b]) == n + 1
+
+
+def test_emitted_tokens_is_what_verify_emitted_tokens_returns_and_names_bad_shapes():
+    from specdec.types import Draft, DraftScheme, VerifyResult
+    from specdec.verify import emitted_tokens as from_result
+
+    tokens, path, accepted, nxt = verified_rows(0, 3, 7, 3)
+    parents = torch.full((3, 8), -1, dtype=torch.long)
+    draft = Draft(tokens=tokens, parents=parents, depths=torch.zeros_like(parents), draft_probs=None,
+                  scheme=DraftScheme.DETERMINISTIC)
+    result = VerifyResult(accepted_nodes=path, num_accepted=accepted, next_tokens=nxt)
+    assert all(torch.equal(a, b) for a, b in zip(from_result(draft, result),
+                                                 emitted_tokens_ref(tokens, path, accepted, nxt)))
+    with pytest.raises(ValueError, match="VerifyResult"):
+        emitted_tokens_ref(tokens, path, accepted[:2], nxt)
 
 
 # ----------------------------------------------------------------------------------------------------------------
