@@ -11,6 +11,7 @@ Bytes counted (reads + writes of the data the op needs, at the dtypes used here)
 - ``tree_mask``: the mask (``B * M * Lc_aligned`` bf16) + committed_valid + parents.
 - ``head_tree_mask``: the bool mask ``B * F * C`` + visible ``B * F * S`` + lengths.
 - ``emitted_tokens``: the path and the output (``B * (D + 1)`` int64 each), the gathered tokens, the counts.
+- ``accepted_feedback``: the emitted tokens read, four ``B * W`` outputs written (three int64, one bool).
 - ``verify_greedy``: the logits ``B * (N + 1) * V`` (bf16).
 - ``verify_chain_noise``: per row the target and draft rows at the first rejection (fp32) and the exponentials
   (fp64): ``B * V * 16`` (+ the per-node gathers).
@@ -136,6 +137,11 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
                         lambda t=draft_tokens, p=path.to(device), a=accepted.to(device), x=bonus:
                         K.emitted_tokens(t, p, a, x),
                         batch * (9 * 8 * 3 + 8 * 3), f"N={n}, D+1=9, int64"))
+        # accepted_feedback: the drafter's feedback rows from the emitted tokens (D + 1 = 9 columns, all kept)
+        emitted, counts = K.emitted_tokens_ref(draft_tokens, path.to(device), accepted.to(device), bonus)
+        out.append(Case("accepted_feedback", batch, None,
+                        lambda e=emitted, c=counts, r=bonus: K.accepted_feedback(r, e, c, c, 9),
+                        batch * (9 * 8 * 4 + 9 + 8 * 3), "D+1=9, W=9, int64"))
         for vocab in shapes.vocabs:
             tree = Draft(torch.zeros(batch, n, dtype=torch.long), parents, depths, None, DraftScheme.DETERMINISTIC)
             logits = torch.randn(batch, n + 1, vocab, generator=gd, device=device)

@@ -28,6 +28,7 @@ import torch
 from .adapter import CacheState, ModelAdapter
 from .drafters.base import Drafter, Feedback, ProposeRequest
 from .gating import truncate_draft
+from .kernels import accepted_feedback
 from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
 from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
@@ -282,12 +283,12 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     drafter_state = state.drafter_state
     if drafter is not None:
         # 5. The drafter absorbs the outcome: the committed tokens and the target's features at them.
-        ar = torch.arange(width, device=roots.device)[None, :]
+        # (kernels.accepted_feedback: root + accepted drafts, the tokens after them, positions, valid columns)
+        committed, following, positions, valid = accepted_feedback(roots, tokens, keep_counts, pending.lengths, width)
         feats = tuple(f.gather(1, nodes.clamp(min=0)[:, :, None].expand(-1, -1, f.shape[-1])) for f in out.features)
-        committed = torch.cat([roots[:, None], tokens], 1)[:, :width].clamp_(min=0)  # root + accepted drafts
         drafter_state = drafter.update(drafter_state, Feedback(
-            tokens=committed, next_tokens=tokens[:, :width].clamp(min=0), positions=pending.lengths[:, None] + ar,
-            valid=ar < keep_counts[:, None], features=feats, roots=result.next_tokens, accepted_nodes=nodes))
+            tokens=committed, next_tokens=following, positions=positions, valid=valid, features=feats,
+            roots=result.next_tokens, accepted_nodes=nodes))
         _tick(clock, "update")
     state = DecodeState(cache=cache, roots=result.next_tokens, drafter_state=drafter_state)
     return StepOutput(emitted=emitted, state=state, draft=draft, result=result)

@@ -24,6 +24,8 @@ import specdec as sd
 from specdec.adapter import CacheState, ModelAdapter
 from specdec.kernels import (
     _dispatch,
+    accepted_feedback,
+    accepted_feedback_ref,
     compact_kv,
     compact_kv_ref,
     emitted_tokens,
@@ -307,6 +309,34 @@ def test_emitted_tokens_kernel_equals_reference(batch, nodes, depth):
         n = int(accepted[b])
         assert tokens[b, :n].tolist() == [int(args[0][b, int(path[b, j + 1]) - 1]) for j in range(n)]
         assert int(tokens[b, n]) == int(nxt[b]) and (tokens[b, n + 1:] == -1).all() and int(counts[b]) == n + 1
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("nodes, depth", [(0, 0), (1, 1), (7, 3), (60, 8), (64, 64)])
+def test_accepted_feedback_kernel_equals_reference(batch, nodes, depth):
+    draft_tokens, path, accepted, nxt = (t.to(DEVICE) for t in verified_rows(batch * 7 + nodes, batch, nodes, depth))
+    tokens, counts = reference(emitted_tokens, draft_tokens, path, accepted, nxt)
+    g = torch.Generator().manual_seed(batch)
+    active = (torch.rand(batch, generator=g) < 0.8).to(DEVICE)
+    keep = counts * active
+    roots = torch.randint(0, 151936, (batch,), generator=g).to(DEVICE)
+    lengths = torch.randint(0, 4096, (batch,), generator=g).to(DEVICE)
+    for width in sorted({0, 1, int(keep.max()), depth + 1}):
+        got = kernel(accepted_feedback, roots, tokens, keep, lengths, width)
+        want = reference(accepted_feedback, roots, tokens, keep, lengths, width)
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+    committed, following, positions, valid = want
+    assert (committed >= 0).all() and (following >= 0).all() and valid.dtype == torch.bool
+
+
+def test_accepted_feedback_names_bad_input():
+    with pytest.raises(ValueError, match="width"):
+        accepted_feedback_ref(torch.zeros(2, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long),
+                              torch.ones(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="roots"):
+        accepted_feedback_ref(torch.zeros(3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long),
+                              torch.ones(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), 1)
 
 
 def test_emitted_tokens_is_what_verify_emitted_tokens_returns_and_names_bad_shapes():

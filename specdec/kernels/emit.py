@@ -1,4 +1,5 @@
-"""The tokens a verified step emits, in vLLM's ``[B, D + 1]``, ``-1``-padded layout: one launch.
+"""After verification, in one launch each: the tokens a step emits (vLLM's ``[B, D + 1]``, ``-1``-padded layout),
+and the rows of the drafter's feedback.
 
 Math: row ``b`` emits ``tokens[b, accepted_nodes[b, j] - 1]`` for ``j = 1..num_accepted[b]`` (the accepted drafts,
 in path order), then ``next_tokens[b]`` (the bonus or recovered token); the columns after those ``num_accepted[b]
@@ -16,7 +17,7 @@ import torch
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, tl
 
-__all__ = ["emitted_tokens", "emitted_tokens_ref"]
+__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref"]
 
 
 def _check(draft_tokens, accepted_nodes, num_accepted, next_tokens) -> tuple[int, int]:
@@ -118,3 +119,107 @@ def emitted_tokens(draft_tokens: torch.Tensor, accepted_nodes: torch.Tensor, num
     if use_kernel("emitted_tokens", draft_tokens, accepted_nodes, num_accepted, next_tokens):
         return _emitted_tokens_triton(draft_tokens, accepted_nodes, num_accepted, next_tokens)
     return emitted_tokens_ref(draft_tokens, accepted_nodes, num_accepted, next_tokens)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The drafter's feedback rows of a verified step
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_feedback(roots, tokens, keep_counts, lengths, width) -> int:
+    batch = tokens.shape[0] if tokens.dim() == 2 else -1
+    if batch < 0 or tuple(roots.shape) != (batch,) or tuple(keep_counts.shape) != (batch,) \
+            or tuple(lengths.shape) != (batch,):
+        raise ValueError(f"accepted_feedback needs tokens [B, D + 1] and roots, keep_counts, lengths [B]; got tokens "
+                         f"{tuple(tokens.shape)}, roots {tuple(roots.shape)}, keep_counts {tuple(keep_counts.shape)}, "
+                         f"lengths {tuple(lengths.shape)}")
+    if not 0 <= width <= tokens.shape[1]:
+        raise ValueError(f"width must lie in [0, D + 1] = [0, {tokens.shape[1]}] (the widest kept path), got {width}")
+    return batch
+
+
+def accepted_feedback_ref(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: torch.Tensor,
+                          lengths: torch.Tensor, width: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference for :func:`accepted_feedback` (same signature and result): the code ``step()`` ran before.
+
+    Args:
+        roots: Shape ``[B]``, each row's root (the token the step's forward started from).
+        tokens: Shape ``[B, D + 1]``, the emitted tokens (:func:`emitted_tokens`), ``-1`` padded.
+        keep_counts: Shape ``[B]``, tokens each row commits (root + accepted drafts; 0 for inactive rows).
+        lengths: Shape ``[B]``, each row's position of the root (the committed length before the step).
+        width: ``W``, the widest kept path (columns of the outputs).
+
+    Returns:
+        ``(committed, next_tokens, positions, valid)``, each ``[B, W]``.
+    """
+    _check_feedback(roots, tokens, keep_counts, lengths, width)
+    columns = torch.arange(width, device=tokens.device)[None, :]
+    committed = torch.cat([roots[:, None].to(tokens.dtype), tokens], 1)[:, :width].clamp_(min=0)
+    return (committed, tokens[:, :width].clamp(min=0), lengths[:, None] + columns, columns < keep_counts[:, None])
+
+
+@jit
+def _feedback_kernel(roots_ptr, tokens_ptr, counts_ptr, lengths_ptr, committed_ptr, next_ptr, positions_ptr,
+                     valid_ptr, width, stride_tb, stride_tn, BLOCK: tl.constexpr):
+    """One row: committed = [root, tokens...][:W] and next = tokens[:W] (both >= 0), positions, valid."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    live = cols < width
+    base = tokens_ptr + row * stride_tb
+    here = tl.load(base + cols * stride_tn, mask=live, other=0)
+    before = tl.load(base + (cols - 1) * stride_tn, mask=live & (cols >= 1), other=0)
+    root = tl.load(roots_ptr + row)
+    committed = tl.where(cols == 0, root, before)
+    out = row * width + cols
+    tl.store(committed_ptr + out, tl.maximum(committed, 0), mask=live)
+    tl.store(next_ptr + out, tl.maximum(here, 0), mask=live)
+    tl.store(positions_ptr + out, tl.load(lengths_ptr + row) + cols, mask=live)
+    tl.store(valid_ptr + out, (cols < tl.load(counts_ptr + row)).to(tl.int8), mask=live)
+
+
+def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width):
+    batch = _check_feedback(roots, tokens, keep_counts, lengths, width)
+    device = tokens.device
+    committed = torch.empty(batch, width, dtype=tokens.dtype, device=device)
+    next_tokens = torch.empty_like(committed)
+    positions = torch.empty(batch, width, dtype=lengths.dtype, device=device)
+    valid = torch.empty(batch, width, dtype=torch.bool, device=device)
+    if batch and width:
+        _feedback_kernel[(batch,)](
+            roots.to(tokens.dtype), tokens, keep_counts, lengths, committed, next_tokens, positions,
+            valid.view(torch.int8), width, tokens.stride(0), tokens.stride(1), BLOCK=next_pow2(width),
+        )
+    return committed, next_tokens, positions, valid
+
+
+def accepted_feedback(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: torch.Tensor, lengths: torch.Tensor,
+                      width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafter's feedback rows of a verified step, in one launch on CUDA.
+
+    Math, per row ``b`` and column ``j < W``: ``committed[b, j]`` = the root for ``j = 0``, else ``tokens[b, j - 1]``;
+    ``next_tokens[b, j] = tokens[b, j]`` (both clamped at 0: ``-1`` padding becomes a harmless id);
+    ``positions[b, j] = lengths[b] + j``; ``valid[b, j] = j < keep_counts[b]``.
+
+    Args:
+        roots: Shape ``[B]`` int64.
+        tokens: Shape ``[B, D + 1]`` int64, the emitted tokens, ``-1`` padded.
+        keep_counts: Shape ``[B]`` int64, tokens each row commits.
+        lengths: Shape ``[B]`` int64, the root's position per row.
+        width: ``W <= D + 1``, the widest kept path.
+
+    Returns:
+        ``(committed, next_tokens, positions, valid)``, each ``[B, W]`` (``valid`` bool).
+
+    Raises:
+        ValueError: shapes or ``width`` that do not fit (the message names them).
+
+    Example:
+        >>> c, n, p, v = accepted_feedback(torch.tensor([7]), torch.tensor([[5, 9, -1]]), torch.tensor([2]),
+        ...                                torch.tensor([10]), 2)
+        >>> c.tolist(), n.tolist(), p.tolist(), v.tolist()
+        ([[7, 5]], [[5, 9]], [[10, 11]], [[True, True]])
+    """
+    if use_kernel("accepted_feedback", roots, tokens, keep_counts, lengths):
+        return _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width)
+    return accepted_feedback_ref(roots, tokens, keep_counts, lengths, width)
