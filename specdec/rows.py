@@ -85,10 +85,14 @@ class Rows:
         self._mask_of: list[bool] | None = None
 
     @property
+    def _spent(self) -> int:
+        """Tokens each row has spent from its budget but not read yet (the late token, if any)."""
+        return 1 if self._late is not None else 0
+
+    @property
     def active(self) -> list[bool]:
         """Per row, whether it still generates: not stopped, with budget left after the late token (if any)."""
-        spent = 1 if self._late is not None else 0
-        return [on and len(t) + spent < self.max_new_tokens for on, t in zip(self._going, self.tokens)]
+        return [on and len(t) + self._spent < self.max_new_tokens for on, t in zip(self._going, self.tokens)]
 
     @property
     def any_active(self) -> bool:
@@ -170,9 +174,8 @@ class Rows:
         Returns:
             ``K >= 0`` (0: a plain step).
         """
-        spent = 1 if self._late is not None else 0
-        kept = [len(self.tokens[b]) + spent for b, on in enumerate(self.active) if on]
         live = [b for b, on in enumerate(self.active) if on]
+        kept = [len(self.tokens[b]) + self._spent for b in live]
         if budget:
             k = min(k, max(self.max_new_tokens - n for n in kept) - 1)
         if max_positions is not None:

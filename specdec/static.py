@@ -68,7 +68,7 @@ from .kernels import compact_kv, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter",
-           "fast_mode", "FAST_MODES"]
+           "fast_mode"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -792,9 +792,6 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
                             capture=compiled_capture() if mode == "compile" else None)
     adapter._store = store
     return adapter
-
-
-FAST_MODES = (False, True, "graphs", "compile")
 
 
 def fast_mode(fast) -> str | None:

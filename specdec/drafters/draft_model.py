@@ -123,8 +123,9 @@ class DraftModelDrafter:
                 f"num_drafts={num_drafts} is deeper than the tree, which has {tree.max_depth} levels: pass "
                 f"num_drafts <= {tree.max_depth} (or leave it out to use the tree's depth), or a deeper tree. specdec "
                 f"refuses rather than clamps, so that the K you asked for is the K you get.")
-        if fast not in (False, True, "graphs", "compile"):
-            raise ValueError(f"fast must be one of False, True (= 'graphs') or 'compile', got {fast!r}.")
+        from ..static import fast_mode
+
+        fast_mode(fast)  # a named error for anything but False, True, "graphs" or "compile"
         self.model = model
         self.adapter = ModelAdapter(model, role="draft model")
         self.fast = fast
