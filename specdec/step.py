@@ -28,7 +28,7 @@ import torch
 from .adapter import CacheState, ModelAdapter
 from .drafters.base import Drafter, Feedback, ProposeRequest
 from .gating import truncate_draft
-from .kernels import accepted_feedback
+from .kernels import accepted_feedback, gather_features
 from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
 from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
@@ -283,9 +283,10 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     drafter_state = state.drafter_state
     if drafter is not None:
         # 5. The drafter absorbs the outcome: the committed tokens and the target's features at them.
-        # (kernels.accepted_feedback: root + accepted drafts, the tokens after them, positions, valid columns)
+        # (kernels.accepted_feedback: root + accepted drafts, the tokens after them, positions, valid columns;
+        # kernels.gather_features: every feature layer at the accepted nodes, one launch)
         committed, following, positions, valid = accepted_feedback(roots, tokens, keep_counts, pending.lengths, width)
-        feats = tuple(f.gather(1, nodes.clamp(min=0)[:, :, None].expand(-1, -1, f.shape[-1])) for f in out.features)
+        feats = gather_features(out.features, nodes)
         drafter_state = drafter.update(drafter_state, Feedback(
             tokens=committed, next_tokens=following, positions=positions, valid=valid, features=feats,
             roots=result.next_tokens, accepted_nodes=nodes))

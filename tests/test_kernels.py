@@ -30,6 +30,8 @@ from specdec.kernels import (
     compact_kv_ref,
     emitted_tokens,
     emitted_tokens_ref,
+    gather_features,
+    gather_features_ref,
     head_tree_mask,
     head_tree_mask_ref,
     interpreter_enabled,
@@ -328,6 +330,36 @@ def test_accepted_feedback_kernel_equals_reference(batch, nodes, depth):
         assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
     committed, following, positions, valid = want
     assert (committed >= 0).all() and (following >= 0).all() and valid.dtype == torch.bool
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch, nodes, width", [(1, 1, 1), (3, 61, 9), (8, 7, 0), (5, 64, 64)])
+@pytest.mark.parametrize("layers", [(48,), (48, 48, 48), (1100, 1100, 1100, 1100, 1100), (48, 33, 48)])
+def test_gather_features_kernel_equals_reference(batch, nodes, width, layers):
+    g = torch.Generator().manual_seed(batch * 1000 + nodes + len(layers))
+    # mixed shapes (two launches), five equal tensors (two launches of <= 4), hidden not a power of two and above
+    # the 1024 block, a non-contiguous view (a slice of a wider buffer), bfloat16 beside float32
+    features = []
+    for i, hidden in enumerate(layers):
+        wide = torch.randn(batch, nodes, hidden + 5, generator=g).to(DEVICE)
+        f = wide[:, :, 2:2 + hidden]
+        features.append(f.to(torch.bfloat16) if i == 2 and len(layers) == 3 and layers[0] != layers[1] else f)
+    picked = torch.randint(-1, nodes, (batch, width), generator=g).to(DEVICE)
+    got, want = kernel(gather_features, features, picked), reference(gather_features, features, picked)
+    assert len(got) == len(want) == len(layers)
+    for a, b, f in zip(got, want, features):
+        assert a.dtype == b.dtype == f.dtype and a.shape == (batch, width, f.shape[-1]) and torch.equal(a, b)
+    for b in range(batch):  # -1 padding reads node 0
+        for j in range(width):
+            assert torch.equal(want[0][b, j], features[0][b, max(int(picked[b, j]), 0)])
+
+
+def test_gather_features_names_bad_input():
+    with pytest.raises(ValueError, match="nodes"):
+        gather_features_ref([torch.zeros(2, 3, 4)], torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"features\[1\]"):
+        gather_features_ref([torch.zeros(2, 3, 4), torch.zeros(3, 3, 4)], torch.zeros(2, 1, dtype=torch.long))
+    assert gather_features_ref([], torch.zeros(2, 1, dtype=torch.long)) == ()
 
 
 def test_accepted_feedback_names_bad_input():

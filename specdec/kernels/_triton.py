@@ -7,6 +7,7 @@ i.e. when ``specdec.kernels`` is first imported; :data:`INTERPRETED` records it.
 """
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import Callable, Sequence
 
@@ -32,12 +33,27 @@ def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+_TABLES: collections.OrderedDict = collections.OrderedDict()  # (device, pointers) -> the table on the device
+_TABLES_KEPT = 32
+
+
 def pointer_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The data pointers of ``tensors`` as an int64 tensor on ``device``, for one launch over all of them.
 
-    On CUDA the table goes through pinned memory with a non-blocking copy, so building it adds no host sync.
+    On CUDA the table goes through pinned memory with a non-blocking copy, so building it adds no host sync; the
+    last tables built are kept (a table's content is its key, so a kept one is always right), so a cache that
+    stays put (the fast path's static KV cache) pays for its table once, not at every step.
     """
-    table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
-    if device.type == "cuda":
-        return table.pin_memory().to(device, non_blocking=True)
+    pointers = tuple(t.data_ptr() for t in tensors)
+    if device.type != "cuda":
+        return torch.tensor(pointers, dtype=torch.int64)
+    key = (device, pointers)
+    table = _TABLES.get(key)
+    if table is None:
+        table = torch.tensor(pointers, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+        _TABLES[key] = table
+        if len(_TABLES) > _TABLES_KEPT:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
     return table

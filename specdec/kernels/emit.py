@@ -17,7 +17,8 @@ import torch
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, tl
 
-__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref"]
+__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "gather_features",
+           "gather_features_ref"]
 
 
 def _check(draft_tokens, accepted_nodes, num_accepted, next_tokens) -> tuple[int, int]:
@@ -80,8 +81,12 @@ def _emit_kernel(tokens_ptr, path_ptr, num_ptr, next_ptr, out_ptr, count_ptr, wi
 def _emitted_tokens_triton(draft_tokens, accepted_nodes, num_accepted, next_tokens):
     batch, width = _check(draft_tokens, accepted_nodes, num_accepted, next_tokens)
     dtype = draft_tokens.dtype if draft_tokens.shape[1] else accepted_nodes.dtype
-    tokens = torch.empty(batch, width, dtype=dtype, device=accepted_nodes.device)
-    counts = torch.empty_like(num_accepted)
+    if num_accepted.dtype == dtype:  # one allocation: [B, D + 1] tokens, then [B] counts (contiguous views)
+        flat = torch.empty(batch * (width + 1), dtype=dtype, device=accepted_nodes.device)
+        tokens, counts = flat[:batch * width].view(batch, width), flat[batch * width:]
+    else:
+        tokens = torch.empty(batch, width, dtype=dtype, device=accepted_nodes.device)
+        counts = torch.empty_like(num_accepted)
     if batch:
         source = draft_tokens if draft_tokens.shape[1] else accepted_nodes  # never read when N = 0
         _emit_kernel[(batch,)](
@@ -181,9 +186,12 @@ def _feedback_kernel(roots_ptr, tokens_ptr, counts_ptr, lengths_ptr, committed_p
 def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width):
     batch = _check_feedback(roots, tokens, keep_counts, lengths, width)
     device = tokens.device
-    committed = torch.empty(batch, width, dtype=tokens.dtype, device=device)
-    next_tokens = torch.empty_like(committed)
-    positions = torch.empty(batch, width, dtype=lengths.dtype, device=device)
+    if lengths.dtype == tokens.dtype:  # one allocation for the three integer outputs (contiguous views)
+        committed, next_tokens, positions = torch.empty(3, batch, width, dtype=tokens.dtype, device=device).unbind(0)
+    else:
+        committed = torch.empty(batch, width, dtype=tokens.dtype, device=device)
+        next_tokens = torch.empty_like(committed)
+        positions = torch.empty(batch, width, dtype=lengths.dtype, device=device)
     valid = torch.empty(batch, width, dtype=torch.bool, device=device)
     if batch and width:
         _feedback_kernel[(batch,)](
@@ -223,3 +231,113 @@ def accepted_feedback(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: to
     if use_kernel("accepted_feedback", roots, tokens, keep_counts, lengths):
         return _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width)
     return accepted_feedback_ref(roots, tokens, keep_counts, lengths, width)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The target features at the accepted nodes (the drafter's feedback features)
+# ----------------------------------------------------------------------------------------------------------------
+
+_FEATURES_PER_LAUNCH = 4  # pointer arguments of one launch; more feature tensors take more launches
+
+
+def _check_gather(features, nodes) -> tuple[int, int, int]:
+    features = tuple(features)
+    if nodes.dim() != 2 or nodes.dtype.is_floating_point:
+        raise ValueError(f"gather_features needs nodes [B, W] of integer node indices, got {tuple(nodes.shape)} "
+                         f"{nodes.dtype}")
+    batch, width = nodes.shape
+    for i, f in enumerate(features):
+        if f.dim() != 3 or f.shape[0] != batch or f.device != nodes.device:
+            raise ValueError(f"gather_features: features[{i}] must be [B = {batch}, N, H] on {nodes.device} (one "
+                             f"tensor per feature layer, as ForwardOutput.features), got {tuple(f.shape)} on "
+                             f"{f.device}")
+    return len(features), batch, width
+
+
+def gather_features_ref(features, nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Reference for :func:`gather_features` (same signature and result): the per-tensor gathers ``step()`` ran.
+
+    Args:
+        features: a sequence of ``F`` tensors, each ``[B, N, H_i]`` (the target's features at the ``N`` nodes).
+        nodes: Shape ``[B, W]`` int64, node indices ``< N`` (``-1`` padding reads node 0).
+
+    Returns:
+        ``F`` tensors ``[B, W, H_i]``.
+    """
+    _check_gather(features, nodes)
+    index = nodes.clamp(min=0)[:, :, None]
+    return tuple(f.gather(1, index.expand(-1, -1, f.shape[-1])) for f in features)
+
+
+@jit
+def _gather_kernel(f0, f1, f2, f3, nodes_ptr, out_ptr, width, hidden, stride_fb, stride_fn, stride_fh,
+                   stride_nb, stride_nw, plane, NUM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One program per (row, column): copy the feature vector of its node from each of the ``NUM`` tensors."""
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // width
+    col = pid % width
+    node = tl.maximum(tl.load(nodes_ptr + row * stride_nb + col * stride_nw), 0)
+    src = row * stride_fb + node * stride_fn
+    dst = out_ptr + pid * hidden
+    for start in range(0, hidden, BLOCK_H):
+        h = start + tl.arange(0, BLOCK_H)
+        ok = h < hidden
+        tl.store(dst + h, tl.load(f0 + src + h * stride_fh, mask=ok), mask=ok)
+        if NUM > 1:
+            tl.store(dst + plane + h, tl.load(f1 + src + h * stride_fh, mask=ok), mask=ok)
+        if NUM > 2:
+            tl.store(dst + 2 * plane + h, tl.load(f2 + src + h * stride_fh, mask=ok), mask=ok)
+        if NUM > 3:
+            tl.store(dst + 3 * plane + h, tl.load(f3 + src + h * stride_fh, mask=ok), mask=ok)
+
+
+def _gather_features_triton(features, nodes):
+    features = tuple(features)
+    count, batch, width = _check_gather(features, nodes)
+    out: list = [None] * count
+    groups: dict[tuple, list[int]] = {}  # one launch per (shape, strides, dtype) group, four tensors at a time
+    for i, f in enumerate(features):
+        groups.setdefault((tuple(f.shape), f.stride(), f.dtype), []).append(i)
+    for (shape, stride, dtype), members in groups.items():
+        hidden = shape[2]
+        stacked = torch.empty(len(members), batch, width, hidden, dtype=dtype, device=nodes.device)
+        for start in range(0, len(members), _FEATURES_PER_LAUNCH):
+            chunk = members[start:start + _FEATURES_PER_LAUNCH]
+            if batch * width and hidden:
+                srcs = [features[i] for i in chunk]
+                srcs += [srcs[0]] * (_FEATURES_PER_LAUNCH - len(srcs))
+                _gather_kernel[(batch * width,)](
+                    *srcs, nodes, stacked[start], width, hidden, *stride, *nodes.stride(), batch * width * hidden,
+                    NUM=len(chunk), BLOCK_H=min(1024, next_pow2(hidden)),
+                )
+        for j, i in enumerate(members):
+            out[i] = stacked[j]
+    return tuple(out)
+
+
+def gather_features(features, nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The target's features at each row's accepted nodes, every feature tensor in one launch on CUDA.
+
+    Math, per tensor ``i``, row ``b``, column ``j``: ``out[i][b, j] = features[i][b, max(nodes[b, j], 0)]``. The
+    drafter's feedback features after a verified step (EAGLE-3 reads three target layers: one launch instead of
+    three gathers and their index ops). Tensors of one shape, strides and dtype share a launch (four at a time).
+
+    Args:
+        features: a sequence of ``F`` tensors, each ``[B, N, H_i]``.
+        nodes: Shape ``[B, W]`` int64, node indices in ``[0, N)``, ``-1`` padded (padding reads node 0).
+
+    Returns:
+        ``F`` tensors ``[B, W, H_i]`` (contiguous).
+
+    Raises:
+        ValueError: shapes or devices that do not fit (the message names them).
+
+    Example:
+        >>> f = torch.arange(6.).view(1, 3, 2)
+        >>> gather_features([f], torch.tensor([[2, 0, -1]]))[0].tolist()
+        [[[4.0, 5.0], [0.0, 1.0], [0.0, 1.0]]]
+    """
+    features = tuple(features)
+    if use_kernel("gather_features", nodes, *features):
+        return _gather_features_triton(features, nodes)
+    return gather_features_ref(features, nodes)

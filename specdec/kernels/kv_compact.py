@@ -169,8 +169,9 @@ def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefi
         dst = [results[i] for i in members]
         heads, head_dim = shape[1], shape[3]
         block_d = next_pow2(head_dim)
+        src_table = pointer_table(src, device)
         _kv_compact_kernel[(len(members) * batch * heads,)](
-            pointer_table(src, device), pointer_table(dst, device), src[0], keep,
+            src_table, src_table if inplace else pointer_table(dst, device), src[0], keep,
             batch, heads, lc, kept, head_dim, *src[0].stride(), *dst_stride, *keep.stride(),
             INPLACE=inplace, BLOCK_S=max(1, 2048 // block_d), BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
         )

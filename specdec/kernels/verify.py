@@ -342,9 +342,10 @@ def _verify_greedy_triton(target_probs: torch.Tensor, draft: Draft, max_depth: i
     chunk, num_chunks = _chunks(batch * width, vocab, _BLOCK_V)
     values = torch.empty(batch * width, num_chunks, dtype=torch.float64 if f64 else torch.float32, device=device)
     indices = torch.empty(batch * width, num_chunks, dtype=torch.int32, device=device)
-    path = torch.empty(batch, depth + 1, dtype=torch.long, device=device)
-    num_accepted = torch.empty(batch, dtype=torch.long, device=device)
-    next_tokens = torch.empty(batch, dtype=torch.long, device=device)
+    # The three outputs in one allocation (contiguous views): [B, D + 1] path, then [B] counts, then [B] tokens.
+    flat = torch.empty(batch * (depth + 3), dtype=torch.long, device=device)
+    path = flat[:batch * (depth + 1)].view(batch, depth + 1)
+    num_accepted, next_tokens = flat[batch * (depth + 1):].view(2, batch).unbind(0)
     if batch == 0:
         return VerifyResult(path, num_accepted, next_tokens)
     _argmax_partials_kernel[(batch * width, num_chunks)](
