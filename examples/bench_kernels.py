@@ -250,13 +250,16 @@ def same(a, b) -> bool:
     return len(fa) == len(fb) and all(x.shape == y.shape and torch.equal(x.cpu(), y.cpu()) for x, y in zip(fa, fb))
 
 
-def run(shapes: Shapes, device: torch.device, reps: int, warmup: int, peak_tbps: float, progress: bool = True):
-    """Time every case with the reference and (where it can run) the kernel; returns one dict per case."""
+def run(shapes: Shapes, device: torch.device, reps: int, warmup: int, peak_tbps: float, progress: bool = True,
+        only: list[str] | None = None):
+    """Time every case (``only``: the cases whose op name starts with one of these) with the reference and (where
+    it can run) the kernel; returns one dict per case."""
     from tqdm.auto import tqdm
 
     kernels_run = K.triton_available() and (device.type == "cuda" or K.interpreter_enabled())
     rows = []
-    for case in tqdm(cases(shapes, device), desc="bench", disable=not progress):
+    chosen = [c for c in cases(shapes, device) if not only or any(c.op.startswith(o) for o in only)]
+    for case in tqdm(chosen, desc="bench", disable=not progress):
         with K.kernel_mode("torch"):
             ref_ms = median_ms(case.run, device, reps, warmup)
             ref_out = None if case.op == "compact_kv_inplace" else case.run()  # in place: not idempotent
@@ -369,6 +372,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 5, quick 1)")
     ap.add_argument("--peak-tbps", type=float, default=PEAK_TBPS, help="bandwidth to compare with (TB/s)")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    ap.add_argument("--only", nargs="+", default=None, help="only the ops whose name starts with one of these")
     ap.add_argument("--compile-only", type=int, default=None, metavar="ARCH",
                     help="compile every kernel for sm_ARCH (e.g. 90) and exit; needs no GPU")
     args = ap.parse_args(argv)
@@ -380,7 +384,7 @@ def main(argv=None) -> list[dict]:
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 5)
     previous = _dispatch.get_kernel_mode()
     try:
-        rows = run(shapes, device, reps, warmup, args.peak_tbps, progress=not args.quick)
+        rows = run(shapes, device, reps, warmup, args.peak_tbps, progress=not args.quick, only=args.only)
     finally:
         _dispatch.set_kernel_mode(previous)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

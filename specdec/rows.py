@@ -57,11 +57,13 @@ class Rows:
         decode: ``tokens -> text``, for ``stop_strings``.
         streamer: an HF streamer (``put`` / ``end``) that receives each kept token chunk (batch size 1).
 
-    A plain step may hand its tokens over late (:class:`~specdec.step.LateTokens`: one token per row, still on
-    its way to the host): :meth:`absorb` keeps them aside and reads them at the next call, once the next step is
-    queued on the device, so the host's work overlaps the device's. Until then each row counts the token as spent
-    from its budget (so no step past a budget is ever launched); only an EOS or a stop string inside it is
-    learnt one step late, and the late step's tokens of a row that stopped are dropped, as for any inactive row.
+    A step may hand its tokens over late (:class:`~specdec.step.LateTokens`, still on their way to the host):
+    :meth:`absorb` keeps them aside and reads them at the next call, once the next step is queued on the device,
+    so the host's work overlaps the device's. Until then each row counts one token as spent from its budget (a
+    plain step's exact count; a tree step's least), and positions are bounded with the most it may hold. A tree
+    step's tokens that may reach a row's budget are read at once (so no step runs past a budget). An EOS or a stop
+    string inside late tokens is learnt one step late: the next step's tokens of a row that stopped are dropped,
+    as for any inactive row, so the kept tokens are the same.
 
     Attributes:
         tokens: per row, the tokens kept so far.
@@ -86,8 +88,13 @@ class Rows:
 
     @property
     def _spent(self) -> int:
-        """Tokens each row has spent from its budget but not read yet (the late token, if any)."""
+        """Tokens each row has spent from its budget but not read yet (at least; the late tokens, if any)."""
         return 1 if self._late is not None else 0
+
+    @property
+    def _spent_max(self) -> int:
+        """The most tokens a row may have spent but not read yet (what positions are bounded with)."""
+        return getattr(self._late, "max_length", 1) if self._late is not None else 0
 
     @property
     def active(self) -> list[bool]:
@@ -124,6 +131,9 @@ class Rows:
         self.settle()
         if hasattr(emitted, "wait"):
             self._late = emitted
+            if emitted.lengths is None and any(on and len(t) + emitted.max_length >= self.max_new_tokens
+                                               for on, t in zip(self._going, self.tokens)):
+                self.settle()  # a row's budget may end inside them: read them now, so no step runs past it
             return
         self._absorb_now(emitted)
 
@@ -179,7 +189,8 @@ class Rows:
         if budget:
             k = min(k, max(self.max_new_tokens - n for n in kept) - 1)
         if max_positions is not None:
-            k = min(k, max_positions - 1 - max(self.prompt_lengths[b] + n - 1 for b, n in zip(live, kept)))
+            most = self._spent_max - self._spent
+            k = min(k, max_positions - 1 - max(self.prompt_lengths[b] + n + most - 1 for b, n in zip(live, kept)))
         return max(k, 0)
 
     def finish(self) -> None:

@@ -251,6 +251,12 @@ class StaticCacheState(NamedTuple):
         pending_parents: Shape ``[B, P]`` int64, as :class:`~specdec.adapter.CacheState`.
         pending_present: Shape ``[B, P]`` bool, as :class:`~specdec.adapter.CacheState`.
         ticket: the consumption guard.
+        ends: Shape ``[B]`` int64 (the adapter's buffer), after a late commit: each row's first slot past its last
+            committed token (``<= Lc``; ``Lc`` is then only an upper bound of their maximum); ``None``: every row
+            ends at ``Lc``.
+        marks: after late commits, ``(event, host copy of ends, appended)`` of the last few, whose copies to the
+            host let a later forward lower ``Lc`` back to the true longest row without a host sync.
+        appended: slots the late commits have added to ``Lc`` so far (what a mark's ``appended`` is compared to).
     """
 
     valid: torch.Tensor
@@ -259,6 +265,9 @@ class StaticCacheState(NamedTuple):
     pending_parents: torch.Tensor
     pending_present: torch.Tensor
     ticket: _Ticket | None = None
+    ends: torch.Tensor | None = None
+    marks: tuple = ()
+    appended: int = 0
 
     @property
     def committed_valid(self) -> torch.Tensor:
@@ -298,6 +307,7 @@ class _Buffers(NamedTuple):
     arange: torch.Tensor   # [largest bucket] int64, for the write slots
     consts: dict           # constant tensors of this batch size (padding parents, empty pending), made once
     plain: _Plain          # the plain step's forward
+    ends: torch.Tensor     # [B] int64, each row's end after late commits (StaticCacheState.ends)
 
 
 class _Store:
@@ -433,7 +443,7 @@ class StaticAdapter:
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
-                                       plain=_Plain())
+                                       plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device))
         return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
@@ -643,6 +653,7 @@ class StaticAdapter:
         _consume(state, "forward")
         if present is None:
             present = torch.ones_like(tokens, dtype=torch.bool)
+        state = self._tightened(state, bucket_for(tokens.shape[1], self.buckets))
         out, all_parents = self._run_bucket(buf, state, tokens, parents, positions, present)
         P, M = state.num_pending, tokens.shape[1]
         pending_present = present if not P else torch.cat([state.pending_present, present], 1)
@@ -686,6 +697,7 @@ class StaticAdapter:
                              f"commit() the pending tree first")
         buf = self._check_state(state)
         _consume(state, "decode")
+        state = self._tightened(state, 1)
         Lc = state.committed
         if 1 in self.buckets:
             logits, feats, next_tokens = self._run_plain(buf, state, tokens)
@@ -696,11 +708,37 @@ class StaticAdapter:
             out, _ = self._run_bucket(buf, state, tokens[:, None], root, state.lengths[:, None], root < 0)
             buf.valid[:, Lc] = True
             next_tokens = out.logits[:, -1].argmax(-1)
-        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue()), next_tokens
+        # Every row now ends at Lc + 1 (a row that ended earlier keeps a hole, hidden by `valid`).
+        return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue(), ends=None,
+                                   marks=()), next_tokens
+
+    @staticmethod
+    def _tightened(state: StaticCacheState, size: int) -> StaticCacheState:
+        """``state`` with ``Lc`` lowered to what the late commits' copies to the host say (no host sync, unless the
+        bucket would not fit otherwise: then the newest copy is waited for).
+
+        Math: with ``m`` the longest row when a mark was taken and ``a`` the slots appended since,
+        ``Lc' = min(Lc, m + a)``, still ``>= max_b ends[b]``.
+        """
+        marks = state.marks
+        if not marks:
+            return state
+        if state.committed + size > state.valid.shape[1] and marks[-1][0] is not None:
+            marks[-1][0].synchronize()  # the cache is nearly full: learn the true ends before giving up
+        for i in range(len(marks) - 1, -1, -1):
+            event, host, at = marks[i]
+            if event is None or event.query():
+                exact = int(host.max()) + state.appended - at
+                return state._replace(committed=min(state.committed, exact), marks=marks[i + 1:])
+        return state
+
+    #: :meth:`commit` takes ``late=True`` (:func:`specdec.step.step` with ``sync=False`` then commits without a
+    #: host sync).
+    commits_late = True
 
     @torch.no_grad()
     def commit(self, state: StaticCacheState, keep: torch.Tensor, counts: torch.Tensor, *,
-               prefix: bool | None = None, full: bool | None = None) -> StaticCacheState:
+               prefix: bool | None = None, full: bool | None = None, late: bool = False) -> StaticCacheState:
         """Keep, per row, a path of pending slots as committed tokens, moved in place inside the static tensors.
 
         Args:
@@ -711,9 +749,13 @@ class StaticAdapter:
                 ``None``: found out with one host sync.
             full: accepted for :class:`~specdec.adapter.ModelAdapter` compatibility (holes are masked through
                 ``valid`` either way).
+            late: the caller knows only ``A`` (the path's width), not the counts: each row's kept slots move to the
+                row's own end (``ends``, on the device) instead of the shared ``Lc``, so rows stay dense and nothing
+                needs the counts on the host. ``Lc`` grows by ``A`` as an upper bound; a later forward lowers it
+                again from the ends' copy to the host (:attr:`StaticCacheState.marks`).
 
         Returns:
-            The state with no pending slots and ``Lc + A`` committed slots.
+            The state with no pending slots and ``Lc + A`` committed slots (with ``late``: at most).
         """
         buf = self._check_state(state)
         _consume(state, "commit")
@@ -722,6 +764,8 @@ class StaticAdapter:
         if A > P:
             raise ValueError(f"commit() keeps {A} slots per row but only {P} are pending: keep at most the pending "
                              f"slots (VerifyResult.accepted_nodes cut to the widest count)")
+        if late:
+            return self._commit_late(buf, state, keep, counts)
         if A:
             layers = buf.cache.layers
             # In place: the captured graphs read these very tensors.
@@ -737,7 +781,38 @@ class StaticAdapter:
                                                                               device=keep.device))
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
-                              pending_present=empty_bool, ticket=self._issue())
+                              pending_present=empty_bool, ticket=self._issue(), ends=None, marks=())
+
+    def _commit_late(self, buf: _Buffers, state: StaticCacheState, keep: torch.Tensor,
+                     counts: torch.Tensor) -> StaticCacheState:
+        """:meth:`commit` with ``late=True``: per-row destinations, no host sync."""
+        B, A = keep.shape
+        Lc = state.committed
+        ends = buf.ends
+        if state.ends is None:
+            ends.fill_(Lc)
+        if A:
+            layers = buf.cache.layers
+            compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True,
+                       dest=ends)
+            columns = self._const(buf, ("columns", A), lambda: torch.arange(A, device=keep.device)[None, :])
+            # The row's A slots from its end: the kept ones valid, the rest not (nothing past an end is valid).
+            buf.valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
+            ends.add_(counts)
+            buf.plain.at = None
+        if ends.is_cuda:  # the ends on their way to the host, for a later forward to lower Lc (no sync now)
+            host = ends.to("cpu", non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = ends.clone(), None
+        appended = state.appended + A
+        empty = self._const(buf, ("empty", torch.long), lambda: torch.empty(B, 0, dtype=torch.long,
+                                                                              device=keep.device))
+        empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
+        return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
+                              pending_present=empty_bool, ticket=self._issue(), ends=ends,
+                              marks=state.marks[-2:] + ((event, host, appended),), appended=appended)
 
 
 def _replay(runner: CapturedStep):

@@ -105,6 +105,7 @@ class StatsRecorder:
         # Active rows per drafted depth 0..D (device); depth d's tries are the rows at depths >= d.
         self.drafted = torch.zeros(max_depth + 1, dtype=torch.long, device=device)
         self.hits = [0] * max_depth  # per depth d, active rows that accepted a depth-d draft (host)
+        self._late = None  # a late tree step's (emitted, active, drafted), counted at the next record()
         self._weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # (active mask, as int64)
         self.accepted: list[list[int]] = []
         self.emitted = self.row_steps = 0
@@ -126,25 +127,43 @@ class StatsRecorder:
 
         Args:
             emitted: per row, the tokens the step emitted (before the rows' stopping rules), or
-                :class:`~specdec.step.LateTokens` (only their ``lengths`` are read).
+                :class:`~specdec.step.LateTokens` (only their ``lengths`` are read; a tree step's are counted at
+                the next call, when the next step is queued).
             active: per row, whether it was active during the step.
             draft: the verified draft (``None`` for a plain step).
             result: the verifier's result (``None`` for a plain step).
             active_mask: Shape ``[B]`` bool, ``active`` on the device (for the per-depth counters).
         """
+        self._count_late()
+        drafted = draft is not None and draft.num_nodes and self.max_depth
+        if drafted:
+            # Stays on the device (no host sync); read once at the end.
+            drafted_depth = draft.depths.masked_fill(draft.parents < 0, 0).amax(1).clamp_(max=self.max_depth)  # [B]
+            self.drafted.index_add_(0, drafted_depth, self._active_weights(active_mask, drafted_depth))
+        if hasattr(emitted, "wait") and emitted.lengths is None:  # a late tree step's: counted at the next step
+            self._late = (emitted, list(active), bool(drafted))
+            return
+        self._count(emitted, active, bool(drafted))
+
+    def _count(self, emitted, active: list[bool], drafted: bool) -> None:
         lengths = getattr(emitted, "lengths", None)  # LateTokens: known without reading the tokens
         counts = [n for n, on in zip(lengths if lengths is not None else map(len, emitted), active) if on]
         self.accepted.append([c - 1 for c in counts])
         self.emitted += sum(counts)
         self.row_steps += len(counts)
-        if draft is not None and draft.num_nodes and self.max_depth:
-            # Stays on the device (no host sync); read once at the end.
-            drafted_depth = draft.depths.masked_fill(draft.parents < 0, 0).amax(1).clamp_(max=self.max_depth)  # [B]
-            self.drafted.index_add_(0, drafted_depth, self._active_weights(active_mask, drafted_depth))
+        if drafted:
             # An active row emitted its accepted drafts and one more token (result.num_accepted + 1 of them).
             for count in counts:
                 for d in range(min(count - 1, self.max_depth)):
                     self.hits[d] += 1
+
+    def _count_late(self) -> None:
+        """Count the late tree step held back, if any (its tokens are read now: the next step is queued)."""
+        late, self._late = self._late, None
+        if late is not None:
+            emitted, active, drafted = late
+            emitted.wait()
+            self._count(emitted, active, drafted)
 
     def _active_weights(self, active_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
         """``active_mask`` as int64 (cached while the mask is the same tensor: rows rebuild it when one ends)."""
@@ -156,6 +175,7 @@ class StatsRecorder:
 
     def finish(self, num_new_tokens: int, drafter_state) -> GenerationStats:
         """The call ends: synchronise, read the counters (the one sync they need) and build the stats."""
+        self._count_late()
         synchronize(self.device)
         wall = time.perf_counter() - self.t0
         drafted = self.drafted.tolist()

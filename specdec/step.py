@@ -54,21 +54,27 @@ class DecodeState(NamedTuple):
 
 
 class LateTokens(Sequence):
-    """A plain step's tokens, one per row, whose copy to the host is under way (``step(..., sync=False)``).
+    """A step's tokens whose copy to the host is under way (``step(..., sync=False)``).
 
     The copy is queued behind the step's kernels (non-blocking, with an event), so the host can queue the next step
-    before reading it. Reading it (:meth:`wait`, indexing, iterating) waits for the copy, not for later work;
-    ``lengths`` (one token per row) is known at once. :class:`specdec.rows.Rows` reads it one step late.
+    before reading it. Reading it (:meth:`wait`, indexing, iterating) waits for the copy, not for later work.
+    :class:`specdec.rows.Rows` reads it one step late. A plain step's (``LateTokens(tokens)``) has one token per
+    row, so ``lengths`` is known at once; a tree step's (:meth:`of_rows`) has between 1 and ``max_length`` per
+    row, known when read.
 
     Args:
         tokens: Shape ``[B]`` int64, each row's next token, on any device.
 
     Attributes:
-        lengths: ``[1] * B``, tokens per row.
+        lengths: ``[1] * B`` for a plain step's tokens; ``None`` until read for a tree step's.
+        max_length: the most tokens a row may hold (1 for a plain step).
     """
 
-    def __init__(self, tokens: torch.Tensor):
-        self.lengths = [1] * tokens.shape[0]
+    def __init__(self, tokens: torch.Tensor, *, _read: Callable[[list[list[int]]], list[list[int]]] | None = None,
+                 _max_length: int = 1):
+        self.lengths = [1] * tokens.shape[0] if _read is None else None
+        self.max_length = _max_length
+        self._read = _read
         self._rows: list[list[int]] | None = None
         self._event = None
         if tokens.is_cuda:
@@ -78,12 +84,21 @@ class LateTokens(Sequence):
         else:
             self._host = tokens
 
+    @classmethod
+    def of_rows(cls, packed: torch.Tensor, read: Callable[[list[list[int]]], list[list[int]]],
+                max_length: int) -> LateTokens:
+        """A tree step's tokens: ``packed`` (Shape ``[B, C]`` int64, on any device) is copied to the host now and
+        turned into the per-row lists by ``read(rows of packed)`` when first used (``read`` may raise)."""
+        return cls(packed, _read=read, _max_length=max_length)
+
     def wait(self) -> list[list[int]]:
-        """Per row, its token (waits for the copy once)."""
+        """Per row, its tokens (waits for the copy once)."""
         if self._rows is None:
             if self._event is not None:
                 self._event.synchronize()
-            self._rows = [[t] for t in self._host.tolist()]
+            host = self._host.tolist()
+            self._rows = [[t] for t in host] if self._read is None else self._read(host)
+            self.lengths = [len(r) for r in self._rows]
         return self._rows
 
     def __getitem__(self, row):
@@ -175,8 +190,11 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             :func:`~specdec.verify.as_verifier`). Steps without drafts never call a verifier.
         clock: called with a phase name (``draft``, ``target``, ``verify``, ``commit``, ``update``) at the end of
             each phase, for profiling (see :class:`~specdec.stats.PhaseClock`).
-        sync: ``False`` lets a step without drafts return without a host sync: its ``emitted`` is a
-            :class:`LateTokens` (a step with drafts always synchronises once: the commit needs the counts).
+        sync: ``False`` lets the step return without a host sync: its ``emitted`` is a :class:`LateTokens`. A step
+            without drafts can always do so; a step with drafts only on an adapter that commits late (the fast
+            path's :class:`~specdec.static.StaticAdapter`): each row's accepted path moves to the row's own end of
+            the cache and the drafter is told ``K + 1`` columns, the unaccepted ones marked invalid. A drafter's
+            out-of-vocabulary id is then reported when the tokens are read, one step later.
         max_depth: verify no deeper than this (``None``: ``num_drafts``): the draft of ``num_drafts`` levels is cut
             with :func:`specdec.gating.truncate_draft` (lossless: it only removes nodes), so a drafter keeps one
             shape when a budget leaves room for fewer tokens.
@@ -208,7 +226,7 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
         return _plain(adapter, state._replace(drafter_state=drafter_state), drafter, sampling, source, active, clock,
                       sync)
     return _tree(adapter, state._replace(drafter_state=drafter_state), draft, num_drafts, drafter, sampling,
-                 source, active, verifier, clock)
+                 source, active, verifier, clock, late=not sync and getattr(adapter, "commits_late", False))
 
 
 def _all_rows(roots: torch.Tensor) -> torch.Tensor:
@@ -246,8 +264,8 @@ def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock
 
 
 def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, sampling, source, active,
-          verifier, clock) -> StepOutput:
-    """A step with drafts: the tree path."""
+          verifier, clock, late: bool = False) -> StepOutput:
+    """A step with drafts: the tree path (``late``: without a host sync, see :func:`step`)."""
     roots, cache = state.roots, state.cache
     # A drafter bug must not reach the embedding (a device-side assert on CUDA): clamp the ids and remember the
     # bad nodes; the first one is reported at the step's host sync below.
@@ -264,6 +282,8 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     tokens, counts = emitted_tokens(draft, result)  # [B, K + 1] (-1 after counts), [B]
     path = result.accepted_nodes  # [B, K + 1], pending indices of the root and the accepted drafts
     live = _all_rows(roots) if active is None else active
+    if late:
+        return _tree_late(adapter, state, out, pending, draft, result, tokens, counts, bad, drafter, active, clock)
     # The step's one host sync, per row: emitted count, active, accepted path, tokens, then the bad-id flags.
     host = torch.cat([counts[:, None], live.long()[:, None], path, tokens] + ([bad.long()] if bad is not None else []),
                      1).tolist()
@@ -286,13 +306,44 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
         # (kernels.accepted_feedback: root + accepted drafts, the tokens after them, positions, valid columns;
         # kernels.gather_features: every feature layer at the accepted nodes, one launch)
         committed, following, positions, valid = accepted_feedback(roots, tokens, keep_counts, pending.lengths, width)
-        feats = gather_features(out.features, nodes)
         drafter_state = drafter.update(drafter_state, Feedback(
-            tokens=committed, next_tokens=following, positions=positions, valid=valid, features=feats,
-            roots=result.next_tokens, accepted_nodes=nodes))
+            tokens=committed, next_tokens=following, positions=positions, valid=valid,
+            features=gather_features(out.features, nodes), roots=result.next_tokens, accepted_nodes=nodes))
         _tick(clock, "update")
     state = DecodeState(cache=cache, roots=result.next_tokens, drafter_state=drafter_state)
     return StepOutput(emitted=emitted, state=state, draft=draft, result=result)
+
+
+def _tree_late(adapter, state: DecodeState, out, pending, draft: Draft, result: VerifyResult, tokens: torch.Tensor,
+               counts: torch.Tensor, bad: torch.Tensor | None, drafter, active, clock) -> StepOutput:
+    """The tree path's keep and update without the counts on the host: every width is the path's, ``K + 1``."""
+    _tick(clock, "verify")
+    D1 = min(result.accepted_nodes.shape[1], pending.num_pending)  # a path holds at most every pending node
+    path = result.accepted_nodes[:, :D1]
+    keep_counts = counts if active is None else counts * active
+    # 4. Each row's accepted path moves to the row's own end of the cache (no host sync: see StaticAdapter.commit).
+    cache = adapter.commit(pending, path, keep_counts, late=True)
+    _tick(clock, "commit")
+    drafter_state = state.drafter_state
+    if drafter is not None:
+        # 5. The drafter absorbs K + 1 columns; those past a row's count are marked invalid.
+        committed, following, positions, valid = accepted_feedback(state.roots, tokens, keep_counts, pending.lengths,
+                                                                   D1)
+        drafter_state = drafter.update(drafter_state, Feedback(
+            tokens=committed, next_tokens=following, positions=positions, valid=valid,
+            features=gather_features(out.features, path), roots=result.next_tokens, accepted_nodes=path))
+        _tick(clock, "update")
+    # The tokens on their way to the host: per row its count, its tokens, then the bad-id flags (read one step late).
+    packed = torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)
+    T = tokens.shape[1]
+
+    def read(host: list[list[int]]) -> list[list[int]]:
+        _raise_on_bad_ids([[0, 0] + row[1 + T:] for row in host], drafter, 2)
+        return [row[1:1 + row[0]] for row in host]
+
+    emitted = LateTokens.of_rows(packed, read, D1)
+    return StepOutput(emitted=emitted, state=DecodeState(cache=cache, roots=result.next_tokens,
+                                                         drafter_state=drafter_state), draft=draft, result=result)
 
 
 def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor | None]:

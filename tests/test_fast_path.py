@@ -495,3 +495,88 @@ def test_near_the_budget_the_drafter_keeps_its_k_and_the_step_verifies_less():
         eager = generate(model, ids, attention_mask=mask, drafter=inner, max_new_tokens=n, eos_token_id=[])
         assert torch.equal(out.sequences, eager.sequences)
     assert [key for key in graphed.graph_keys if key[0] == "propose"] == [("propose", 3)]
+
+
+# ---------------------------------------------------------------- steps with drafts and no host sync (late commits)
+@pytest.mark.parametrize("device", DEVICES)
+def test_late_commits_keep_rows_dense_and_give_the_eager_forwards(device):
+    """StaticAdapter.commit(late=True): each row's path moves to the row's own end (no counts on the host); the
+    forwards that follow see what the eager adapter's see, and Lc comes back down to the longest row."""
+    model = tiny_model("llama").to(device)
+    eager = ModelAdapter(model, (0, 2))
+    ids, mask = _prompts(3, device)
+    fast = StaticAdapter(model, (0, 2), capacity=capacity_for(ids.shape[1], 60, 64))
+    _, st_e = eager.prefill(ids, mask)
+    _, st_f = fast.prefill(ids, mask)
+    rng = random.Random(3)
+    for k, nodes in enumerate([6, 9, 4, 13, 7]):
+        parents = random_forest(rng, 3, nodes).to(device)
+        tokens, positions, present = _tree_inputs(st_e, parents, k)
+        out_e, st_e = eager.forward(st_e, tokens, parents, positions, present)
+        out_f, st_f = fast.forward(st_f, tokens, parents, positions, present)
+        _assert_same(out_e, out_f)
+        paths = [_random_path(row) for row in parents.tolist()]
+        paths[k % 3] = paths[k % 3][:1]  # one row keeps only its root
+        width = max(len(p) for p in paths)
+        counts = torch.tensor([len(p) for p in paths], device=device)
+        keep = torch.tensor([p + [-1] * (width - len(p)) for p in paths], device=device)
+        st_e = eager.commit(st_e, keep, counts)
+        wide = torch.cat([keep, torch.full((3, 2), -1, device=device)], 1)  # the late caller passes K + 1 columns
+        before = st_f.committed
+        st_f = fast.commit(st_f, wide, counts, late=True)
+        assert st_f.committed == before + width + 2  # an upper bound...
+        ends = st_f.ends.tolist()
+        valid = st_f.valid
+        for b in range(3):  # ...each row's tokens end at its own end (holes only where a plain step wrote at Lc)
+            assert int(valid[b].sum()) == int(st_f.lengths[b]) and not valid[b, ends[b]:].any()
+            if k == 0:  # no plain step yet: dense from the first real token
+                assert valid[b, int(valid[b].nonzero()[0]):ends[b]].all()
+        assert torch.equal(st_e.lengths, st_f.lengths)
+        assert StaticAdapter._tightened(st_f, 1).committed == max(ends)  # ...lowered again (CPU: at once)
+        if k % 2:  # a plain step between tree steps
+            roots = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(k)).to(device)
+            out_e, st_e = eager.decode(st_e, roots)
+            out_f, st_f = fast.decode(st_f, roots)
+            _assert_same(out_e, out_f)
+            assert st_f.ends is None and st_f.committed == max(ends) + 1
+
+
+@pytest.mark.parametrize("name", ["eagle2", "draft_model_tree", "prompt_lookup"])
+def test_steps_with_drafts_and_sync_false_hand_over_late_tokens_equal_to_the_eager_ones(name):
+    from specdec.step import LateTokens
+
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(3)
+    drafter = _drafter(name, model)
+    eager, fast = ModelAdapter(model, drafter.feature_layers), StaticAdapter(
+        model, drafter.feature_layers, capacity=capacity_for(ids.shape[1], 60, 64))
+    out_e = prefill(eager, ids, mask, drafter=drafter)
+    out_f = prefill(fast, ids, mask, drafter=drafter)
+    for k in [3, 3, 0, 2, 3, 3, 0, 0, 1, 3]:
+        out_e = step(eager, out_e.state, drafter=drafter, num_drafts=k)
+        out_f = step(fast, out_f.state, drafter=drafter, num_drafts=k, sync=False)
+        assert isinstance(out_f.emitted, LateTokens)
+        assert out_f.emitted.wait() == out_e.emitted
+        assert torch.equal(out_e.state.cache.lengths, out_f.state.cache.lengths)
+        assert torch.equal(out_e.state.roots, out_f.state.roots)
+
+
+def test_a_bad_draft_id_on_a_late_step_is_raised_when_its_tokens_are_read():
+    """generate(fast=True) runs steps with drafts without a sync; a drafter's id outside the vocabulary is still a
+    named error (read with the tokens, one step later), never an index error or a silent clamp."""
+    from specdec.types import Draft, DraftScheme
+
+    class Bad(PromptLookupDrafter):
+        def propose(self, state, request):  # a two-node chain per row; row 1's second node is out of vocabulary
+            _, state = super().propose(state, request)
+            B = request.roots.shape[0]
+            tokens = torch.full((B, 2), 5)
+            tokens[1, 1] = VOCAB + 5
+            return Draft(tokens=tokens, parents=torch.tensor([[-1, 0, 1]] * B), depths=torch.tensor([[0, 1, 2]] * B),
+                         draft_probs=None, scheme=DraftScheme.DETERMINISTIC), state
+
+    model = tiny_model("llama")
+    ids, mask = _prompts(3)
+    with pytest.raises(ValueError, match=r"Bad proposed a token id outside the target's vocabulary at row 1, node 2"):
+        generate(model, ids, attention_mask=mask, drafter=Bad(num_drafts=3, fixed_width=True), max_new_tokens=12,
+                 eos_token_id=[], fast=True)

@@ -441,6 +441,32 @@ def test_compact_kv_kernel_equals_reference(layers, batch, heads, committed, pen
 
 
 @needs_kernels
+@pytest.mark.parametrize("layers,batch,heads,committed,pending,width,head_dim,dtype,strided", KV_CASES)
+def test_compact_kv_per_row_destinations(layers, batch, heads, committed, pending, width, head_dim, dtype, strided):
+    # A static cache whose rows end at different slots (dest[b] <= Lc): every row's kept slots move left to its end.
+    keys, values = cache_tensors(committed + pending + 1, layers, batch, heads, committed + pending, head_dim, dtype,
+                                 strided)
+    keep, counts = accepted_paths(width + 1, batch, pending, width)
+    g = torch.Generator().manual_seed(batch + committed)
+    dest = torch.randint(0, committed + 1, (batch,), generator=g)
+    dest[0] = committed  # one row ends at Lc: its moves may overlap its own source slots
+    dest = dest.to(DEVICE)
+    ref_in = [t.clone() for t in keys], [t.clone() for t in values]
+    ker_in = [t.clone() for t in keys], [t.clone() for t in values]
+    compact_kv_ref(*ref_in, keep, counts, committed, inplace=True, dest=dest)
+    kernel(compact_kv, *ker_in, keep, counts, committed, inplace=True, dest=dest)
+    for before, r, k in zip(keys + values, ref_in[0] + ref_in[1], ker_in[0] + ker_in[1]):
+        assert torch.equal(r, k)
+        for b in range(batch):
+            d, n = int(dest[b]), int(counts[b])
+            for a in range(n):  # the kept slots, read before any move
+                assert torch.equal(r[b, :, d + a], before[b, :, committed + int(keep[b, a])])
+            assert torch.equal(r[b, :, :d], before[b, :, :d])  # nothing before the row's end moves
+    with pytest.raises(ValueError, match="inplace"):
+        compact_kv_ref(keys, values, keep, counts, committed, dest=dest)
+
+
+@needs_kernels
 def test_compact_kv_identity_prefix_and_empty_keep_are_views():
     keys, values = cache_tensors(0, 2, 3, 2, 10, 8, torch.float32)
     keep = torch.tensor([[0, 1, 2], [0, 1, -1], [0, -1, -1]], device=DEVICE)  # every row keeps a prefix

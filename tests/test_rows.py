@@ -67,3 +67,32 @@ def test_late_tokens_are_read_before_the_next_step_s_tokens():
     rows.absorb([[4, 5, 6]])  # a step with drafts after a plain step
     assert rows.tokens == [[3, 4, 5, 6]]
     assert LateTokens(torch.tensor([1, 2])).lengths == [1, 1] and list(LateTokens(torch.tensor([8]))) == [[8]]
+
+
+def _late_rows(rows_of_tokens: list[list[int]], width: int):
+    """A tree step's late tokens: packed [count, tokens..., -1 padding] per row, read back into lists."""
+    from specdec.step import LateTokens
+
+    packed = torch.tensor([[len(t)] + t + [-1] * (width - len(t)) for t in rows_of_tokens])
+    return LateTokens.of_rows(packed, lambda host: [row[1:1 + row[0]] for row in host], width)
+
+
+def test_a_late_tree_step_counts_one_token_for_budgets_and_its_most_for_positions():
+    rows = Rows([4, 4], 20)
+    late = _late_rows([[1, 2, 3], [4]], 4)
+    assert late.lengths is None and late.max_length == 4  # unknown until read
+    rows.absorb(late)
+    assert rows.tokens == [[], []]  # kept aside: far from any budget
+    assert rows.num_drafts(8, None) == 8
+    # positions: 4 prompt tokens + at most 4 late ones; the root sits at 4 + 4 - 1 = 7, so K <= 9 - 1 - 7
+    assert rows.num_drafts(8, 9) == 1
+    rows.absorb([[5], [6]])
+    assert rows.tokens == [[1, 2, 3, 5], [4, 6]] and late.lengths == [3, 1]
+
+
+def test_late_tree_tokens_that_may_reach_a_budget_are_read_at_once():
+    rows = Rows([4, 4], 5)
+    rows.absorb([[1], [2]])
+    rows.absorb(_late_rows([[3, 4, 5, 6], [7]], 4))  # row 0 may reach its budget inside them: read now
+    assert rows.tokens == [[1, 3, 4, 5, 6], [2, 7]]
+    assert rows.active == [False, True]  # no step is planned for row 0

@@ -27,7 +27,7 @@ from ._triton import jit, next_pow2, pointer_table, tl
 __all__ = ["compact_kv", "compact_kv_ref"]
 
 
-def _check(keys, values, keep, counts, committed_len, inplace) -> tuple[int, int]:
+def _check(keys, values, keep, counts, committed_len, inplace, dest=None) -> tuple[int, int]:
     keys, values = list(keys), list(values)
     if len(keys) != len(values):
         raise ValueError(f"compact_kv: got {len(keys)} key tensors but {len(values)} value tensors; pass one per layer")
@@ -54,6 +54,11 @@ def _check(keys, values, keep, counts, committed_len, inplace) -> tuple[int, int
                 f"compact_kv: inplace needs Lc + A = {committed_len + kept} <= L = {tensor.shape[2]} (keep at most "
                 f"the pending slots); use inplace=False"
             )
+    if dest is not None:
+        if not inplace or not isinstance(dest, torch.Tensor) or tuple(dest.shape) != (batch,):
+            raise ValueError(f"compact_kv: dest (per-row destination slots) must be a [B] = [{batch}] int64 tensor "
+                             f"and needs inplace=True")
+        devices.add(dest.device)
     if len(devices) > 1:
         raise ValueError(f"compact_kv: all tensors must be on one device, got {sorted(map(str, devices))}")
     return batch, kept
@@ -78,6 +83,7 @@ def compact_kv_ref(
     *,
     inplace: bool = False,
     prefix: bool | None = None,
+    dest: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Reference for :func:`compact_kv` (same signature and result): the adapter's per-layer torch code.
 
@@ -89,14 +95,25 @@ def compact_kv_ref(
         committed_len: ``Lc``, committed slots before the pending ones.
         inplace: write the kept slots into the given tensors and return views.
         prefix: whether every row keeps a prefix of its pending slots, if the caller knows (no host sync).
+        dest: Shape ``[B]`` int64, per-row first destination slot (``inplace`` only; default ``Lc`` for every row).
 
     Returns:
         ``(keys, values)``: lists of ``[B, heads, Lc + A, head_dim]`` tensors.
     """
-    _check(keys, values, keep, counts, committed_len, inplace)
+    _check(keys, values, keep, counts, committed_len, inplace, dest)
     lc = committed_len
     kept = keep.shape[1]
     tensors = list(keys) + list(values)
+    if dest is not None:
+        if kept:
+            index = keep.long().clamp(min=0) + lc
+            target = dest.long()[:, None] + torch.arange(kept, device=keep.device)[None, :]
+            for t in tensors:
+                shape = (t.shape[0], t.shape[1], kept, t.shape[3])
+                moved = t.gather(2, index[:, None, :, None].expand(shape))  # read every kept slot, then write
+                t.scatter_(2, target[:, None, :, None].expand(shape), moved)
+        out = [t[:, :, : lc + kept] for t in tensors]
+        return out[: len(keys)], out[len(keys):]
     if kept == 0:
         out = [t[:, :, :lc] for t in tensors]
     elif _is_identity(keep, counts, tensors[0].shape[2] - lc if tensors else 0, prefix):
@@ -115,10 +132,11 @@ def compact_kv_ref(
 
 
 @jit
-def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, batch, heads, committed, kept, head_dim,
+def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, dest_ptr, batch, heads, committed, kept, head_dim,
                        stride_sb, stride_sh, stride_sl, stride_sd, stride_db, stride_dh, stride_dl, stride_dd,
                        stride_kb, stride_ka,
-                       INPLACE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
+                       INPLACE: tl.constexpr, DEST: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_A: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
     """One program per (cache tensor, row, head): copy the committed slots (unless in place), then the kept ones."""
     pid = tl.program_id(0).to(tl.int64)
     tensor = pid // (batch * heads)
@@ -141,17 +159,21 @@ def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, batch, heads, co
     x = tl.load(src + (committed + index)[:, None] * stride_sl + dims[None, :] * stride_sd, mask=ok)
     if INPLACE:
         tl.debug_barrier()  # every kept slot is read before any is overwritten (moves may overlap)
-    tl.store(dst + (committed + a)[:, None] * stride_dl + dims[None, :] * stride_dd, x, mask=ok)
+    if DEST:  # per-row destinations (the static cache's dense row ends)
+        first = tl.load(dest_ptr + row)
+    else:
+        first = committed
+    tl.store(dst + (first + a)[:, None] * stride_dl + dims[None, :] * stride_dd, x, mask=ok)
 
 
-def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix=None):
-    batch, kept = _check(keys, values, keep, counts, committed_len, inplace)
+def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix=None, dest=None):
+    batch, kept = _check(keys, values, keep, counts, committed_len, inplace, dest)
     tensors = list(keys) + list(values)
     lc = committed_len
     if kept == 0:
         out = [t[:, :, :lc] for t in tensors]
         return out[: len(keys)], out[len(keys):]
-    if _is_identity(keep, counts, tensors[0].shape[2] - lc, prefix):
+    if dest is None and _is_identity(keep, counts, tensors[0].shape[2] - lc, prefix):
         out = [t[:, :, : lc + kept] for t in tensors]
         return out[: len(keys)], out[len(keys):]
     keep = keep.long()
@@ -172,8 +194,9 @@ def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefi
         src_table = pointer_table(src, device)
         _kv_compact_kernel[(len(members) * batch * heads,)](
             src_table, src_table if inplace else pointer_table(dst, device), src[0], keep,
-            batch, heads, lc, kept, head_dim, *src[0].stride(), *dst_stride, *keep.stride(),
-            INPLACE=inplace, BLOCK_S=max(1, 2048 // block_d), BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
+            keep if dest is None else dest.long(), batch, heads, lc, kept, head_dim, *src[0].stride(), *dst_stride,
+            *keep.stride(), INPLACE=inplace, DEST=dest is not None, BLOCK_S=max(1, 2048 // block_d),
+            BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
         )
     if inplace:
         results = [t[:, :, : lc + kept] for t in tensors]
@@ -189,6 +212,7 @@ def compact_kv(
     *,
     inplace: bool = False,
     prefix: bool | None = None,
+    dest: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Keep, per row, the committed slots and then the chosen pending slots of every layer (one launch).
 
@@ -217,6 +241,9 @@ def compact_kv(
             replaces them on every forward); needs ``Lc + A <= L``.
         prefix: whether every row keeps a prefix of its pending slots, if the caller knows it (``None``: found out
             with one host sync).
+        dest: Shape ``[B]`` int64, with ``inplace``: row ``b``'s kept slots go to ``dest[b] + a`` instead of
+            ``Lc + a`` (a static cache whose rows end at different slots; ``dest[b] <= Lc``, so every move goes
+            left, and nothing is skipped: no host sync). The returned views are ``[:, :, :Lc + A]`` as without it.
 
     Returns:
         ``(keys, values)``: lists of ``[B, heads, Lc + A, head_dim]`` tensors, in the input order.
@@ -233,5 +260,5 @@ def compact_kv(
     """
     tensors = list(keys) + list(values) + [keep, counts]
     if use_kernel("compact_kv", *tensors):
-        return _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix)
-    return compact_kv_ref(keys, values, keep, counts, committed_len, inplace=inplace, prefix=prefix)
+        return _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix, dest)
+    return compact_kv_ref(keys, values, keep, counts, committed_len, inplace=inplace, prefix=prefix, dest=dest)
