@@ -81,6 +81,15 @@ def _assert_same(a, b, atol=2e-5):
         torch.testing.assert_close(fa, fb, atol=atol, rtol=1e-5)
 
 
+def _forward_both(eager, fast, st_e, st_f, parents, seed):
+    """The same tree forward on the eager and the static adapter; asserts equal outputs, returns both states."""
+    tokens, positions, present = _tree_inputs(st_e, parents, seed)
+    out_e, st_e = eager.forward(st_e, tokens, parents, positions, present)
+    out_f, st_f = fast.forward(st_f, tokens, parents, positions, present)
+    _assert_same(out_e, out_f)
+    return st_e, st_f
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_tree_forwards_ragged_commits_and_decodes_equal_model_adapter(device):
     model = tiny_model("llama").to(device)
@@ -93,10 +102,7 @@ def test_tree_forwards_ragged_commits_and_decodes_equal_model_adapter(device):
     rng = random.Random(0)
     for k, nodes in enumerate([6, 2, 13]):  # buckets 8, 4, 16: padding in each
         parents = random_forest(rng, 3, nodes).to(device)
-        tokens, positions, present = _tree_inputs(st_e, parents, k)
-        out_e, st_e = eager.forward(st_e, tokens, parents, positions, present)
-        out_f, st_f = fast.forward(st_f, tokens, parents, positions, present)
-        _assert_same(out_e, out_f)
+        st_e, st_f = _forward_both(eager, fast, st_e, st_f, parents, k)
         # Ragged accepted paths (row 1 keeps nothing: a hole across the whole width).
         paths = [_random_path(row) for row in parents.tolist()]
         paths[1] = []
@@ -511,10 +517,7 @@ def test_late_commits_keep_rows_dense_and_give_the_eager_forwards(device):
     rng = random.Random(3)
     for k, nodes in enumerate([6, 9, 4, 13, 7]):
         parents = random_forest(rng, 3, nodes).to(device)
-        tokens, positions, present = _tree_inputs(st_e, parents, k)
-        out_e, st_e = eager.forward(st_e, tokens, parents, positions, present)
-        out_f, st_f = fast.forward(st_f, tokens, parents, positions, present)
-        _assert_same(out_e, out_f)
+        st_e, st_f = _forward_both(eager, fast, st_e, st_f, parents, k)
         paths = [_random_path(row) for row in parents.tolist()]
         paths[k % 3] = paths[k % 3][:1]  # one row keeps only its root
         width = max(len(p) for p in paths)
