@@ -95,7 +95,8 @@ class DraftModelDrafter:
         fast: run the draft model on the fast path (:class:`~specdec.static.StaticAdapter`): a preallocated KV
             cache and, on CUDA, one captured CUDA graph per padded forward size. Each level of a chain is a
             one-token forward (a bucket-1 replay); the pending committed tokens are one bucketed forward; the
-            commit moves the kept entries in place. Same drafts as ``fast=False`` (float32). A draft model the
+            commit moves each row's kept entries in place to the row's own end, without a host sync
+            (``StaticAdapter.commit(late=True)``). Same drafts as ``fast=False`` (float32). A draft model the
             static path refuses (see :func:`~specdec.static.static_support`) runs eagerly after one warning.
             ``fast="compile"``: the same, each captured forward compiled by ``torch.compile`` first (on CUDA).
         capacity: with ``fast=True``, cache slots per row (``Lmax``; attention spans all of them every forward):
@@ -308,6 +309,13 @@ class DraftModelDrafter:
         not_run[:, 0] = False
         pend, pcount = left_compact(torch.cat([feedback.tokens, feedback.roots[:, None]], 1),
                                     torch.cat([not_run, torch.ones(B, 1, dtype=torch.bool, device=device)], 1), 0)
+        if getattr(self.adapter, "commits_late", False):
+            # The fast path's draft cache: each row's kept slots move to the row's own end, no widths on the host
+            # (a kept path holds at most every pending slot; the pending tokens keep their full width, the absent
+            # ones masked by pending_counts).
+            width = min(keep.shape[1], state.cache.num_pending)
+            cache = self.adapter.commit(state.cache, keep[:, :width], counts, late=True)
+            return state._replace(cache=cache, pending_tokens=pend, pending_counts=pcount, node_slots=None)
         # The kept path is a prefix of the pending slots (nothing moves) when keep[b, j] == j for j < counts[b];
         # it leaves no hole when every row keeps the widest count.
         in_order = (keep == torch.arange(keep.shape[1], device=device)[None, :]) | (keep < 0)
