@@ -397,3 +397,27 @@ def test_generate_greedy_is_token_identical_to_plain_greedy(target, trained, rec
     assert torch.equal(spec.sequences, plain.sequences)
     assert spec.stats.tau > 1.0 and spec.stats.num_target_forwards < plain.stats.num_target_forwards
     assert not math.isnan(spec.stats.tau)
+
+
+def test_the_cache_bound_is_retightened_without_a_host_sync():
+    """Every resync_every updates the drafter copies the lengths to the host (non-blocking) and lowers its bound once
+    the copy has arrived (at once on CPU): the bound stays an upper bound and never drifts by more than a few
+    updates' widths. On the fast path's late steps every update is K + 1 wide, so without it the bound would run
+    ahead by about K per step."""
+    from specdec.static import StaticAdapter, capacity_for
+    from specdec.step import prefill, step
+
+    model = tiny_model("llama", scale=3.0)
+    drafter = EagleDrafter(Eagle1Head.from_target(model), DynamicTree(8, 3, 2), resync_every=2)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    adapter = StaticAdapter(model, drafter.feature_layers, capacity=capacity_for(9, 60, 64))
+    out = prefill(adapter, ids, drafter=drafter)
+    marks = 0
+    for _ in range(12):
+        out = step(adapter, out.state, drafter=drafter, num_drafts=3, sync=False)
+        out.emitted.wait()
+        state = out.state.drafter_state
+        true = int(state.lengths.max())
+        marks += state.mark is not None
+        assert true <= state.bound <= true + 3 * (3 + 1)  # at most ~resync_every + 1 updates of width K + 1 ahead
+    assert marks > 0

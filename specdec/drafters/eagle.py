@@ -20,7 +20,8 @@ no trace). Every forward attends over the whole cache under a mask, so a step's 
 batch size, the capacity, the depth and the feedback width: the steps are :class:`~specdec.graphs.Step` s that
 :func:`specdec.graphs.cuda_graphed` captures once per shape and replays (``draft_step`` / ``absorb_step``; the
 recipes apply it on request). ``bound`` is a host-side upper bound of the row lengths, advanced by the feedback
-width, so no step needs a host-device sync (one deliberate sync every ``resync_every`` updates re-tightens it).
+width, so no step needs a host-device sync (every ``resync_every`` updates a non-blocking copy of the lengths to
+the host re-tightens it once it has arrived; only a cache about to grow waits for it).
 
 References:
     EAGLE arXiv 2401.15077; EAGLE-2 arXiv 2406.16858; EAGLE-3 arXiv 2503.01840.
@@ -51,6 +52,8 @@ class EagleState(NamedTuple):
         last_hidden: Shape ``[B, H]``, the head's output at the last committed entry (predicts level 1).
         num_forwards: head forwards so far (read by ``generate()``'s statistics).
         since_resync: updates since ``bound`` was last re-tightened.
+        mark: ``(event, host copy of lengths, bound then)`` of a re-tightening under way (a non-blocking copy of
+            ``lengths`` to the host; ``event`` is ``None`` off CUDA), or ``None``.
     """
 
     cache: HeadCache
@@ -59,6 +62,7 @@ class EagleState(NamedTuple):
     last_hidden: torch.Tensor
     num_forwards: int
     since_resync: int
+    mark: tuple | None = None
 
 
 def _round_up(n: int, m: int = 64) -> int:
@@ -73,7 +77,8 @@ class EagleDrafter:
             device).
         tree: the tree policy: :class:`~specdec.trees.DynamicTree` (default ``DynamicTree()``: EAGLE-2),
             :class:`StaticTree` / a compiled tree / tree choices (EAGLE-1), or :class:`SampledTree`.
-        resync_every: updates between the deliberate host syncs that re-tighten the cache bound.
+        resync_every: updates between the re-tightenings of the cache bound (each a non-blocking copy of the
+            lengths to the host, read once it has arrived).
 
     Attributes:
         max_num_drafts: the policy's depth (a step's ``K`` prunes the tree to depth ``K``).
@@ -117,8 +122,25 @@ class EagleDrafter:
         # The previous run's buffer when it fits (graphs captured on it stay valid), else one with headroom.
         return static_buffers(buffers, B, need, device, lambda n: self.head.new_cache(B, n, device))
 
+    @staticmethod
+    def _tightened(state: EagleState, wait: bool = False) -> EagleState:
+        """``state`` with ``bound`` lowered from its mark's copy of ``lengths`` once that copy has arrived (or, with
+        ``wait``, after waiting for it): the longest row then, plus what ``bound`` has grown by since."""
+        if state.mark is None:
+            return state
+        event, host, then = state.mark
+        if event is not None and not event.query():
+            if not wait:
+                return state
+            event.synchronize()
+        return state._replace(bound=min(state.bound, int(host.max()) + state.bound - then), mark=None)
+
     def _ensure_capacity(self, state: EagleState, width: int) -> EagleState:
         need = state.bound + width + self._scratch + 1  # + 1: the trash slot for invalid entries
+        if need <= state.cache.capacity:
+            return state
+        state = self._tightened(state, wait=True)  # before growing the cache (new graphs), learn the true bound
+        need = state.bound + width + self._scratch + 1
         if need <= state.cache.capacity:
             return state
         old = state.cache
@@ -215,16 +237,23 @@ class EagleDrafter:
         B, M = feedback.tokens.shape
         if M == 0:
             return Step(fn=lambda: None, inputs=(), finish=lambda _: state, buffers=state.cache)
-        state = self._ensure_capacity(state, M)
+        state = self._ensure_capacity(self._tightened(state), M)
 
         def finish(out: tuple[torch.Tensor, torch.Tensor]) -> EagleState:
             lengths, last_hidden = out
             bound = state.bound + M  # entries continue each row: positions < old length + M
-            since = state.since_resync + 1
-            if since >= self.resync_every:
-                bound = int(lengths.max())  # deliberate host sync, once per resync_every steps
+            since, mark = state.since_resync + 1, state.mark
+            if since >= self.resync_every and mark is None:
+                # Re-tighten the bound without a host sync: copy lengths to the host now, read it once it has
+                # arrived (at a later update).
+                if lengths.is_cuda:
+                    event = torch.cuda.Event()
+                    mark = (event, lengths.to("cpu", non_blocking=True), bound)
+                    event.record()
+                else:
+                    mark = (None, lengths.clone(), bound)
                 since = 0
-            return EagleState(state.cache, lengths, bound, last_hidden, state.num_forwards + 1, since)
+            return EagleState(state.cache, lengths, bound, last_hidden, state.num_forwards + 1, since, mark)
 
         cache = state.cache
         inputs = (state.lengths, state.last_hidden, feedback.tokens, feedback.next_tokens, feedback.positions,
