@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them
     from .types import Draft
 
 __all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedStep", "GraphableDrafter",
-           "GraphedDrafter", "cuda_graphed", "static_buffers"]
+           "GraphedDrafter", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound", "settle_bound"]
 
 
 class Step(NamedTuple):
@@ -96,6 +96,65 @@ def static_buffers(buffers, batch: int, need: int, device, allocate: Callable[[i
             and buffers.keys.device == torch.device(device)):
         return buffers
     return allocate((need + slack + multiple - 1) // multiple * multiple)
+
+
+class BoundMark(NamedTuple):
+    """A host-side upper bound's re-tightening under way (:func:`mark_bound`).
+
+    Attributes:
+        event: recorded after the copy (``None`` off CUDA: the copy is done).
+        host: the values copied to the host.
+        bound: the bound when the copy was queued.
+    """
+
+    event: Any
+    host: torch.Tensor
+    bound: int
+
+
+def mark_bound(values: torch.Tensor, bound: int) -> BoundMark:
+    """Start re-tightening ``bound`` (a host-side upper bound of ``values.max()``) without a host sync.
+
+    Drafters keep such a bound of their rows' lengths to decide, on the host, when a cache must grow; it only grows
+    between steps. Instead of reading ``int(values.max())`` (a sync), queue a non-blocking copy of ``values`` to
+    the host and read it later with :func:`settle_bound`.
+
+    Args:
+        values: Shape ``[B]`` int64, on any device.
+        bound: the current bound.
+
+    Returns:
+        A :class:`BoundMark`.
+    """
+    if not values.is_cuda:
+        return BoundMark(None, values.clone(), bound)
+    event = torch.cuda.Event()
+    host = values.to("cpu", non_blocking=True)
+    event.record()
+    return BoundMark(event, host, bound)
+
+
+def settle_bound(bound: int, mark: BoundMark | None, *, wait: bool = False) -> tuple[int, BoundMark | None]:
+    """``bound`` lowered from ``mark`` once its copy has arrived (or, with ``wait``, after waiting for it).
+
+    Math: ``min(bound, max(host) + bound - mark.bound)``: the largest value then, plus what the bound has grown by
+    since, still an upper bound.
+
+    Args:
+        bound: the current bound.
+        mark: from :func:`mark_bound`, or ``None``.
+        wait: wait for the copy (e.g. before growing a cache, which would mean new graphs).
+
+    Returns:
+        ``(bound, mark)``: the mark is ``None`` once used.
+    """
+    if mark is None:
+        return bound, None
+    if mark.event is not None and not mark.event.query():
+        if not wait:
+            return bound, mark
+        mark.event.synchronize()
+    return min(bound, int(mark.host.max()) + bound - mark.bound), None
 
 
 def run_step(step: Step) -> Any:

@@ -220,3 +220,16 @@ def test_recipes_wrap_on_request(head):
     assert isinstance(sd.recipes.eagle2(head), GraphedDrafter)
     plain = sd.recipes.eagle2(head, cuda_graphs=False)
     assert isinstance(plain, EagleDrafter) and isinstance(sd.recipes.eagle1(head).drafter, EagleDrafter)
+
+
+def test_a_bound_is_retightened_from_a_copy_of_the_values_without_a_sync():
+    from specdec.graphs import mark_bound, settle_bound
+
+    lengths = torch.tensor([5, 9, 7])
+    mark = mark_bound(lengths, 20)  # the bound had run ahead to 20; the true maximum is 9
+    lengths += 100  # later device work: the mark holds the values of when it was taken
+    assert settle_bound(23, None) == (23, None)
+    # 3 more slots appended since the mark: 9 + 3 = 12, below the running bound of 23
+    assert settle_bound(23, mark) == (12, None)
+    tight = mark_bound(torch.tensor([20]), 20)  # the bound was exact when marked: nothing to lower
+    assert settle_bound(23, tight) == (23, None)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..graphs import Step, run_step, static_buffers
+from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound, static_buffers
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
 from ..kernels import head_tree_mask
 from ..trees.static import as_policy
@@ -52,8 +52,7 @@ class EagleState(NamedTuple):
         last_hidden: Shape ``[B, H]``, the head's output at the last committed entry (predicts level 1).
         num_forwards: head forwards so far (read by ``generate()``'s statistics).
         since_resync: updates since ``bound`` was last re-tightened.
-        mark: ``(event, host copy of lengths, bound then)`` of a re-tightening under way (a non-blocking copy of
-            ``lengths`` to the host; ``event`` is ``None`` off CUDA), or ``None``.
+        mark: a re-tightening of ``bound`` under way (:func:`~specdec.graphs.mark_bound`), or ``None``.
     """
 
     cache: HeadCache
@@ -62,7 +61,7 @@ class EagleState(NamedTuple):
     last_hidden: torch.Tensor
     num_forwards: int
     since_resync: int
-    mark: tuple | None = None
+    mark: BoundMark | None = None
 
 
 def _round_up(n: int, m: int = 64) -> int:
@@ -124,16 +123,9 @@ class EagleDrafter:
 
     @staticmethod
     def _tightened(state: EagleState, wait: bool = False) -> EagleState:
-        """``state`` with ``bound`` lowered from its mark's copy of ``lengths`` once that copy has arrived (or, with
-        ``wait``, after waiting for it): the longest row then, plus what ``bound`` has grown by since."""
-        if state.mark is None:
-            return state
-        event, host, then = state.mark
-        if event is not None and not event.query():
-            if not wait:
-                return state
-            event.synchronize()
-        return state._replace(bound=min(state.bound, int(host.max()) + state.bound - then), mark=None)
+        """``state`` with ``bound`` lowered from its mark (:func:`~specdec.graphs.settle_bound`)."""
+        bound, mark = settle_bound(state.bound, state.mark, wait=wait)
+        return state._replace(bound=bound, mark=mark)
 
     def _ensure_capacity(self, state: EagleState, width: int) -> EagleState:
         need = state.bound + width + self._scratch + 1  # + 1: the trash slot for invalid entries
@@ -243,16 +235,8 @@ class EagleDrafter:
             lengths, last_hidden = out
             bound = state.bound + M  # entries continue each row: positions < old length + M
             since, mark = state.since_resync + 1, state.mark
-            if since >= self.resync_every and mark is None:
-                # Re-tighten the bound without a host sync: copy lengths to the host now, read it once it has
-                # arrived (at a later update).
-                if lengths.is_cuda:
-                    event = torch.cuda.Event()
-                    mark = (event, lengths.to("cpu", non_blocking=True), bound)
-                    event.record()
-                else:
-                    mark = (None, lengths.clone(), bound)
-                since = 0
+            if since >= self.resync_every and mark is None:  # re-tightened once the copy has arrived
+                mark, since = mark_bound(lengths, bound), 0
             return EagleState(state.cache, lengths, bound, last_hidden, state.num_forwards + 1, since, mark)
 
         cache = state.cache

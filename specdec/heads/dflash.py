@@ -38,14 +38,14 @@ the head keeps each layer's context keys and values of the committed tokens in a
 token's position (rows stay aligned, nothing to compact); ``update`` projects the newly committed features into
 it; a draft is one forward of the ``B x block_size`` block over the cache (the block's own keys are written past the
 committed entries, where the next update overwrites them). A draft attends over the whole cache under a mask; a
-host-side bound of the row lengths decides when the cache grows, so no step syncs with the device (one deliberate
-sync every ``resync_every`` updates re-tightens the bound).
+host-side bound of the row lengths decides when the cache grows, so no step syncs with the device (every
+``resync_every`` updates a non-blocking copy of the lengths re-tightens the bound once it has arrived).
 
 CUDA graphs: the heads implement :class:`~specdec.drafters.parallel.ParallelDrafter`'s step hooks
 (``start(static=, buffers=)``, ``draft_step``, ``absorb_step``). A step's draft attends over the whole cache (less
-its trash slot) under the mask, so its shapes depend only on the batch size and the capacity; the resync (a host
-sync) happens in the step's host-side ``finish``, outside the captured work. ``static=True`` allocates the cache
-with headroom and reuses an earlier run's when it fits.
+its trash slot) under the mask, so its shapes depend only on the batch size and the capacity; the resync (a
+non-blocking copy of the lengths) is queued in the step's host-side ``finish``, outside the captured work.
+``static=True`` allocates the cache with headroom and reuses an earlier run's when it fits.
 
 References:
     Chen et al., "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036 (z-lab);
@@ -64,7 +64,7 @@ from einops import rearrange
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
-from ..graphs import Step, run_step, static_buffers
+from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound, static_buffers
 from ..nn import (
     Attention,
     DecoderConfig,
@@ -314,6 +314,7 @@ class DFlashState(NamedTuple):
         roots: Shape ``[B]`` int64, each row's root (the next block's anchor).
         bound: host-side upper bound of ``lengths`` (when the cache must grow; no sync needed).
         since_resync: updates since ``bound`` was last re-tightened.
+        mark: a re-tightening of ``bound`` under way (:func:`~specdec.graphs.mark_bound`), or ``None``.
     """
 
     cache: KVCache
@@ -321,6 +322,7 @@ class DFlashState(NamedTuple):
     roots: torch.Tensor
     bound: int
     since_resync: int
+    mark: BoundMark | None = None
 
 
 def _round_up(n: int, m: int = 64) -> int:
@@ -351,7 +353,7 @@ class DFlashHead(nn.Module):
         lm_head_weight: the target's output projection (frozen, shared, not saved). Shape: ``[V, H]``.
         lm_head_bias: its bias, if any. Shape: ``[V]``.
         seed: seeds the initialisation of fresh weights (never the global RNG).
-        resync_every: updates between the deliberate host syncs that re-tighten the cache bound.
+        resync_every: updates between the re-tightenings of the cache bound (non-blocking copies of the lengths).
 
     Attributes:
         feature_layers, num_levels, vocab_size: the parallel-head protocol.
@@ -673,7 +675,7 @@ class DFlashHead(nn.Module):
                 Shape: tokens / positions / valid ``[B, M]``, features each ``[B, M, H_t]``, roots ``[B]``.
 
         Returns:
-            The new :class:`DFlashState` (no host sync except one every ``resync_every`` updates).
+            The new :class:`DFlashState` (no host sync).
         """
         return run_step(self.absorb_step(state, feedback))
 
@@ -692,7 +694,8 @@ class DFlashHead(nn.Module):
         if M == 0:
             return Step(fn=lambda: None, inputs=(), finish=lambda _: state._replace(roots=feedback.roots),
                         buffers=state.cache)
-        state = self._ensure_capacity(state, M)
+        bound, mark = settle_bound(state.bound, state.mark)
+        state = self._ensure_capacity(state._replace(bound=bound, mark=mark), M)
         cache = state.cache
 
         def absorb(lengths: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
@@ -706,10 +709,10 @@ class DFlashHead(nn.Module):
             return torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1))
 
         def finish(lengths: torch.Tensor) -> DFlashState:
-            bound, since = state.bound + M, state.since_resync + 1
-            if since >= self.resync_every:
-                bound, since = int(lengths.max()), 0  # deliberate host sync, once per resync_every updates
-            return DFlashState(cache, lengths, feedback.roots, bound, since)
+            bound, since, mark = state.bound + M, state.since_resync + 1, state.mark
+            if since >= self.resync_every and mark is None:  # re-tightened once the copy has arrived
+                mark, since = mark_bound(lengths, bound), 0
+            return DFlashState(cache, lengths, feedback.roots, bound, since, mark)
 
         key = ("update",) if M <= self.num_levels + 1 else None
         return Step(fn=absorb, inputs=(state.lengths, feedback.positions, feedback.valid, tuple(feedback.features)),
@@ -741,6 +744,11 @@ class DFlashHead(nn.Module):
 
     def _ensure_capacity(self, state: DFlashState, width: int) -> DFlashState:
         need = state.bound + width + self.config.block_size + 1  # the next block's slots, then the trash slot
+        if need <= state.cache.capacity:
+            return state
+        bound, mark = settle_bound(state.bound, state.mark, wait=True)  # the true bound before growing
+        state = state._replace(bound=bound, mark=mark)
+        need = state.bound + width + self.config.block_size + 1
         if need <= state.cache.capacity:
             return state
         old = state.cache

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..drafters.parallel import LevelOutput
-from ..graphs import Step, run_step, static_buffers
+from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound, static_buffers
 from ..kernels.parallel_inputs import parallel_draft_inputs
 from .eagle import Eagle3Head, EagleConfig, HeadCache, _config_from_target, default_feature_layers, target_dims
 
@@ -109,8 +109,9 @@ class PEagleState(NamedTuple):
         bound: host-side upper bound of ``starts`` (when the cache must grow; no host sync).
         written: whether a forward has already written ``pending`` into the cache (then :meth:`PEagleHead.update`
             need not absorb it first).
-        since_resync: updates since ``bound`` was last re-tightened (one deliberate host sync every
-            ``PEagleHead.resync_every`` updates).
+        since_resync: updates since ``bound`` was last re-tightened (every ``PEagleHead.resync_every`` updates, from
+            a non-blocking copy of the starts, once it has arrived).
+        mark: a re-tightening of ``bound`` under way (:func:`~specdec.graphs.mark_bound`), or ``None``.
     """
 
     cache: HeadCache
@@ -118,6 +119,7 @@ class PEagleState(NamedTuple):
     bound: int
     written: bool = False
     since_resync: int = 0
+    mark: BoundMark | None = None
 
 
 def _round_up(n: int, m: int = 16) -> int:
@@ -141,7 +143,7 @@ class PEagleHead(Eagle3Head):
     (``draft_step`` / ``absorb_step`` / ``start(static=)``) that let :func:`specdec.graphs.cuda_graphed` capture
     them: the steps attend over the whole cache under the causal mask (static shapes per batch, capacity, width
     and ``K``), and ``bound``, a host-side upper bound of the rows' starts, only decides when the cache grows
-    (re-tightened by one deliberate host sync every ``resync_every`` updates).
+    (re-tightened every ``resync_every`` updates from a non-blocking copy of the starts, once it has arrived).
 
     Args:
         config: a :class:`PEagleConfig`.
@@ -158,7 +160,7 @@ class PEagleHead(Eagle3Head):
     """
 
     kind = "P-EAGLE"
-    #: updates between the deliberate host syncs that re-tighten the cache bound
+    #: updates between the re-tightenings of the cache bound (non-blocking copies of the starts)
     resync_every: int = 16
 
     def __init__(self, config: PEagleConfig, embed_weight: torch.Tensor, d2t: torch.Tensor | None = None,
@@ -390,7 +392,10 @@ class PEagleHead(Eagle3Head):
         old = state.pending
         width = old.tokens.shape[1]
         B, M = feedback.tokens.shape
-        bound = state.bound + width  # each row's new start <= its old start + its old entries
+        # (the true bound is waited for only when the cache would otherwise grow: new graphs)
+        grows = state.bound + width + M + self.num_levels > state.cache.capacity
+        bound, mark = settle_bound(state.bound, state.mark, wait=grows)
+        bound += width  # each row's new start <= its old start + its old entries
         cache = self._with_capacity(state.cache, B, bound + M + self.num_levels, feedback.tokens.device)
         written = state.written
 
@@ -404,10 +409,10 @@ class PEagleHead(Eagle3Head):
             return self._pending(fb_tokens, fb_valid, fb_positions, fb_roots, features, starts + num_valid)
 
         def finish(pending: _Pending) -> PEagleState:
-            new_bound, since = bound, state.since_resync + 1
-            if since >= self.resync_every:
-                new_bound, since = int(pending.starts.max()), 0  # deliberate host sync, once per resync_every
-            return PEagleState(cache, _Pending(*pending), new_bound, False, since)
+            since, new_mark = state.since_resync + 1, mark
+            if since >= self.resync_every and new_mark is None:  # re-tightened once the copy has arrived
+                new_mark, since = mark_bound(pending.starts, bound), 0
+            return PEagleState(cache, _Pending(*pending), bound, False, since, new_mark)
 
         key = ("update", written) if self._narrow(M) and (written or self._narrow(width)) else None
         inputs = ((old.starts, old.num_valid) if written else tuple(old), feedback.tokens, feedback.valid,
