@@ -33,7 +33,8 @@ implement them)::
     head.absorb_step(state, feedback) -> Step   # fn(*inputs) -> carry;                finish(carry) -> state
 
 ``carry`` is whatever tensors the successor state needs from the device (``None`` if none); ``finish`` does the
-host-side bookkeeping (a host-side bound of the row lengths, a deliberate resync every few updates). A stateful
+host-side bookkeeping (a host-side bound of the row lengths, re-tightened every few updates from a non-blocking
+copy: :func:`specdec.graphs.mark_bound`). A stateful
 head without the hooks runs eagerly under the wrapper (its steps have ``key=None``); so does a gate with
 ``trim=True`` (it reads the kept width: a host sync).
 
