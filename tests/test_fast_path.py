@@ -583,3 +583,27 @@ def test_a_bad_draft_id_on_a_late_step_is_raised_when_its_tokens_are_read():
     with pytest.raises(ValueError, match=r"Bad proposed a token id outside the target's vocabulary at row 1, node 2"):
         generate(model, ids, attention_mask=mask, drafter=Bad(num_drafts=3, fixed_width=True), max_new_tokens=12,
                  eos_token_id=[], fast=True)
+
+
+@pytest.mark.parametrize("name", ["draft_model_tree", "eagle2"])
+def test_late_steps_stop_rows_at_eos_and_stop_strings_as_the_eager_path(name):
+    """Steps with drafts hand their tokens over late on the fast path: an EOS or a stop string is learnt one step
+    late, and what that row got afterwards is dropped, so the outputs equal the eager path's."""
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(3)
+    drafter = _drafter(name, model)
+    free = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=30, eos_token_id=[])
+    T = ids.shape[1]
+    # EOS ids that each row emits at different places (the third and ninth new token of row 0, the fifth of row 1)
+    eos = sorted({int(free.sequences[0, T + 2]), int(free.sequences[1, T + 4])})
+
+    class Decode:  # a "tokenizer" whose text is the ids joined: the stop string is row 2's tokens 5-6
+        def decode(self, tokens, skip_special_tokens=False):
+            return " ".join(map(str, tokens)) + " "
+
+    stop = f"{int(free.sequences[2, T + 5])} {int(free.sequences[2, T + 6])} "
+    for kwargs in (dict(eos_token_id=eos), dict(eos_token_id=[], stop_strings=stop, tokenizer=Decode())):
+        eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=30, **kwargs)
+        fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=30, fast=True, **kwargs)
+        assert torch.equal(eager.sequences, fast.sequences) and torch.equal(eager.num_new_tokens, fast.num_new_tokens)
+        assert (fast.num_new_tokens < 30).any()  # some row did stop early
