@@ -106,7 +106,7 @@ class StatsRecorder:
         self.drafted = torch.zeros(max_depth + 1, dtype=torch.long, device=device)
         self.hits = [0] * max_depth  # per depth d, active rows that accepted a depth-d draft (host)
         self._late = None  # a late tree step's (emitted, active, drafted), counted at the next record()
-        self._weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # (active mask, as int64)
+        self._drafts: list = []  # (depths, parents, active mask) of steps not yet counted (batched, see _flush)
         self.accepted: list[list[int]] = []
         self.emitted = self.row_steps = 0
         self.t0 = self.prefill_time = 0.0
@@ -137,9 +137,10 @@ class StatsRecorder:
         self._count_late()
         drafted = draft is not None and draft.num_nodes and self.max_depth
         if drafted:
-            # Stays on the device (no host sync); read once at the end.
-            drafted_depth = draft.depths.masked_fill(draft.parents < 0, 0).amax(1).clamp_(max=self.max_depth)  # [B]
-            self.drafted.index_add_(0, drafted_depth, self._active_weights(active_mask, drafted_depth))
+            # Counted on the device, many steps at once (no host sync, no launches per step); read at the end.
+            self._drafts.append((draft.depths, draft.parents, active_mask))
+            if len(self._drafts) >= 64:
+                self._flush()
         if hasattr(emitted, "wait") and emitted.lengths is None:  # a late tree step's: counted at the next step
             self._late = (emitted, list(active), bool(drafted))
             return
@@ -165,17 +166,25 @@ class StatsRecorder:
             emitted.wait()
             self._count(emitted, active, drafted)
 
-    def _active_weights(self, active_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-        """``active_mask`` as int64 (cached while the mask is the same tensor: rows rebuild it when one ends)."""
-        mask, weights = self._weights
-        if mask is not active_mask or weights is None:
-            weights = torch.ones_like(like) if active_mask is None else active_mask.long()
-            self._weights = (active_mask, weights)
-        return weights
+    def _flush(self) -> None:
+        """Add the held steps' drafted depths to ``drafted`` (active rows per deepest drafted depth), one batch of
+        launches per draft shape."""
+        groups: dict = {}
+        for depths, parents, mask in self._drafts:
+            groups.setdefault(tuple(depths.shape), []).append((depths, parents, mask))
+        self._drafts = []
+        for entries in groups.values():
+            depths = torch.stack([d for d, _, _ in entries])  # [S, B, N]
+            parents = torch.stack([p for _, p, _ in entries])
+            weights = torch.stack([torch.ones(d.shape[0], dtype=torch.long, device=d.device) if m is None
+                                   else m.long() for d, _, m in entries])  # [S, B]
+            deepest = depths.masked_fill(parents < 0, 0).amax(2).clamp_(max=self.max_depth)  # [S, B]
+            self.drafted.index_add_(0, deepest.flatten(), weights.flatten())
 
     def finish(self, num_new_tokens: int, drafter_state) -> GenerationStats:
         """The call ends: synchronise, read the counters (the one sync they need) and build the stats."""
         self._count_late()
+        self._flush()
         synchronize(self.device)
         wall = time.perf_counter() - self.t0
         drafted = self.drafted.tolist()

@@ -260,3 +260,27 @@ def test_profile_reports_the_phases_of_both_kinds_of_step():
     assert min(map(min, out.stats.num_accepted_per_step)) == 0 and max(map(max, out.stats.num_accepted_per_step)) == 3
     assert set(out.stats.phase_times) == {"draft", "target", "verify", "commit", "update"}
     assert generate(model, ids, attention_mask=mask, max_new_tokens=4).stats.phase_times is None
+
+
+def test_the_per_depth_tries_are_counted_in_batches_over_shapes_and_active_rows():
+    """StatsRecorder holds the drafted depths and counts them 64 steps at a time (per draft shape): the counts are
+    what counting each step would give, with inactive rows and absent nodes left out."""
+    from specdec.stats import StatsRecorder
+    from specdec.types import Draft, DraftScheme
+
+    rec = StatsRecorder(4, "cpu")
+    g = torch.Generator().manual_seed(0)
+    want = [0] * 5
+    for step in range(150):
+        n = 3 if step % 3 else 5  # two draft shapes
+        parents = torch.randint(-1, 1, (2, n + 1), generator=g)
+        parents[:, 0] = -1
+        depths = torch.randint(0, 6, (2, n + 1), generator=g)
+        active = torch.tensor([True, step % 4 != 0])
+        draft = Draft(torch.zeros(2, n, dtype=torch.long), parents, depths, None, DraftScheme.DETERMINISTIC)
+        rec.record([[1], [1]], active.tolist(), draft, None, active)
+        for b in range(2):
+            if active[b]:
+                want[min(int(depths[b].masked_fill(parents[b] < 0, 0).max()), 4)] += 1
+    stats = rec.finish(0, None)
+    assert list(stats.depth_tries) == [sum(want[d:]) for d in range(1, 5)]
