@@ -94,7 +94,7 @@ class Rows:
     @property
     def _spent_max(self) -> int:
         """The most tokens a row may have spent but not read yet (what positions are bounded with)."""
-        return getattr(self._late, "max_length", 1) if self._late is not None else 0
+        return self._late.max_length if self._late is not None else 0
 
     @property
     def active(self) -> list[bool]:

@@ -63,7 +63,7 @@ import torch
 from torch import nn
 
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
-from .graphs import CapturedStep, capture_graph, capture_graph_ref
+from .graphs import BoundMark, CapturedStep, capture_graph, capture_graph_ref, mark_bound, settle_bound
 from .kernels import compact_kv, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
@@ -254,9 +254,8 @@ class StaticCacheState(NamedTuple):
         ends: Shape ``[B]`` int64 (the adapter's buffer), after a late commit: each row's first slot past its last
             committed token (``<= Lc``; ``Lc`` is then only an upper bound of their maximum); ``None``: every row
             ends at ``Lc``.
-        marks: after late commits, ``(event, host copy of ends, appended)`` of the last few, whose copies to the
-            host let a later forward lower ``Lc`` back to the true longest row without a host sync.
-        appended: slots the late commits have added to ``Lc`` so far (what a mark's ``appended`` is compared to).
+        mark: after a late commit, a copy of ``ends`` on its way to the host (:func:`~specdec.graphs.mark_bound`,
+            one at a time), which lets a later forward lower ``Lc`` back to the true longest row without a host sync.
     """
 
     valid: torch.Tensor
@@ -266,8 +265,7 @@ class StaticCacheState(NamedTuple):
     pending_present: torch.Tensor
     ticket: _Ticket | None = None
     ends: torch.Tensor | None = None
-    marks: tuple = ()
-    appended: int = 0
+    mark: BoundMark | None = None
 
     @property
     def committed_valid(self) -> torch.Tensor:
@@ -710,27 +708,18 @@ class StaticAdapter:
             next_tokens = out.logits[:, -1].argmax(-1)
         # Every row now ends at Lc + 1 (a row that ended earlier keeps a hole, hidden by `valid`).
         return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue(), ends=None,
-                                   marks=()), next_tokens
+                                   mark=None), next_tokens
 
     @staticmethod
     def _tightened(state: StaticCacheState, size: int) -> StaticCacheState:
-        """``state`` with ``Lc`` lowered to what the late commits' copies to the host say (no host sync, unless the
-        bucket would not fit otherwise: then the newest copy is waited for).
-
-        Math: with ``m`` the longest row when a mark was taken and ``a`` the slots appended since,
-        ``Lc' = min(Lc, m + a)``, still ``>= max_b ends[b]``.
-        """
-        marks = state.marks
-        if not marks:
+        """``state`` with ``Lc`` lowered from its mark once the copy of the ends has arrived
+        (:func:`~specdec.graphs.settle_bound`: the longest row then plus what ``Lc`` grew by since); no host sync,
+        unless the bucket would not fit otherwise: then the copy is waited for."""
+        if state.mark is None:
             return state
-        if state.committed + size > state.valid.shape[1] and marks[-1][0] is not None:
-            marks[-1][0].synchronize()  # the cache is nearly full: learn the true ends before giving up
-        for i in range(len(marks) - 1, -1, -1):
-            event, host, at = marks[i]
-            if event is None or event.query():
-                exact = int(host.max()) + state.appended - at
-                return state._replace(committed=min(state.committed, exact), marks=marks[i + 1:])
-        return state
+        committed, mark = settle_bound(state.committed, state.mark,
+                                       wait=state.committed + size > state.valid.shape[1])
+        return state._replace(committed=committed, mark=mark)
 
     #: :meth:`commit` takes ``late=True`` (:func:`specdec.step.step` with ``sync=False`` then commits without a
     #: host sync).
@@ -752,7 +741,7 @@ class StaticAdapter:
             late: the caller knows only ``A`` (the path's width), not the counts: each row's kept slots move to the
                 row's own end (``ends``, on the device) instead of the shared ``Lc``, so rows stay dense and nothing
                 needs the counts on the host. ``Lc`` grows by ``A`` as an upper bound; a later forward lowers it
-                again from the ends' copy to the host (:attr:`StaticCacheState.marks`).
+                again from the ends' copy to the host (:attr:`StaticCacheState.mark`).
 
         Returns:
             The state with no pending slots and ``Lc + A`` committed slots (with ``late``: at most).
@@ -781,7 +770,7 @@ class StaticAdapter:
                                                                               device=keep.device))
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
-                              pending_present=empty_bool, ticket=self._issue(), ends=None, marks=())
+                              pending_present=empty_bool, ticket=self._issue(), ends=None, mark=None)
 
     def _commit_late(self, buf: _Buffers, state: StaticCacheState, keep: torch.Tensor,
                      counts: torch.Tensor) -> StaticCacheState:
@@ -800,19 +789,13 @@ class StaticAdapter:
             buf.valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
             ends.add_(counts)
             buf.plain.at = None
-        if ends.is_cuda:  # the ends on their way to the host, for a later forward to lower Lc (no sync now)
-            host = ends.to("cpu", non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        else:
-            host, event = ends.clone(), None
-        appended = state.appended + A
+        # The ends on their way to the host (unless a copy still is), for a later forward to lower Lc: no sync now.
+        mark = state.mark if state.mark is not None else mark_bound(ends, Lc + A)
         empty = self._const(buf, ("empty", torch.long), lambda: torch.empty(B, 0, dtype=torch.long,
                                                                               device=keep.device))
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
-                              pending_present=empty_bool, ticket=self._issue(), ends=ends,
-                              marks=state.marks[-2:] + ((event, host, appended),), appended=appended)
+                              pending_present=empty_bool, ticket=self._issue(), ends=ends, mark=mark)
 
 
 def _replay(runner: CapturedStep):

@@ -281,9 +281,9 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     result = verifier(verifier_input(verifier, out.logits, sampling), draft, source, max_depth=num_drafts)
     tokens, counts = emitted_tokens(draft, result)  # [B, K + 1] (-1 after counts), [B]
     path = result.accepted_nodes  # [B, K + 1], pending indices of the root and the accepted drafts
-    live = _all_rows(roots) if active is None else active
     if late:
         return _tree_late(adapter, state, out, pending, draft, result, tokens, counts, bad, drafter, active, clock)
+    live = _all_rows(roots) if active is None else active
     # The step's one host sync, per row: emitted count, active, accepted path, tokens, then the bad-id flags.
     host = torch.cat([counts[:, None], live.long()[:, None], path, tokens] + ([bad.long()] if bad is not None else []),
                      1).tolist()
