@@ -12,7 +12,8 @@ Bytes counted (reads + writes of the data the op needs, at the dtypes used here)
 - ``head_tree_mask``: the bool mask ``B * F * C`` + visible ``B * F * S`` + lengths.
 - ``emitted_tokens``: the path and the output (``B * (D + 1)`` int64 each), the gathered tokens, the counts.
 - ``accepted_feedback``: the emitted tokens read, four ``B * W`` outputs written (three int64, one bool).
-- ``gather_features``: three bf16 feature layers, ``B * W * H`` read and written each, and the node indices.
+- ``accepted_feedback+features``: the same, plus three bf16 feature layers gathered at the accepted nodes
+  (``B * W * H`` read and written each) and the node indices.
 - ``verify_greedy``: the logits ``B * (N + 1) * V`` (bf16).
 - ``verify_chain_noise``: per row the target and draft rows at the first rejection (fp32) and the exponentials
   (fp64): ``B * V * 16`` (+ the per-node gathers).
@@ -143,13 +144,14 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
         out.append(Case("accepted_feedback", batch, None,
                         lambda e=emitted, c=counts, r=bonus: K.accepted_feedback(r, e, c, c, 9),
                         batch * (9 * 8 * 4 + 9 + 8 * 3), "D+1=9, W=9, int64"))
-        # gather_features: EAGLE-3's three target layers (bf16, hidden = shapes.hidden) at 9 accepted nodes
+        # accepted_feedback with EAGLE-3's three target layers (bf16, hidden = shapes.hidden) at the accepted nodes
         features = [torch.randn(batch, n + 1, shapes.hidden, generator=gd, device=device, dtype=torch.bfloat16)
                     for _ in range(3)]
-        out.append(Case("gather_features", batch, None,
-                        lambda f=features, p=path.to(device): K.gather_features(f, p),
-                        batch * (3 * 9 * shapes.hidden * 2 * 2 + 9 * 8),
-                        f"3 layers, N+1={n + 1}, W=9, H={shapes.hidden}, bf16"))
+        out.append(Case("accepted_feedback+features", batch, None,
+                        lambda e=emitted, c=counts, r=bonus, f=features, p=path.to(device):
+                        K.accepted_feedback(r, e, c, c, 9, f, p),
+                        batch * (9 * 8 * 4 + 9 + 8 * 3 + 3 * 9 * shapes.hidden * 2 * 2 + 9 * 8),
+                        f"W=9, 3 layers, N+1={n + 1}, H={shapes.hidden}, bf16"))
         for vocab in shapes.vocabs:
             tree = Draft(torch.zeros(batch, n, dtype=torch.long), parents, depths, None, DraftScheme.DETERMINISTIC)
             logits = torch.randn(batch, n + 1, vocab, generator=gd, device=device)

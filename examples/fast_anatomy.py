@@ -37,7 +37,7 @@ import bench_fast  # noqa: E402
 
 import specdec as sd  # noqa: E402
 from specdec.drafters import DraftModelDrafter  # noqa: E402
-from specdec.static import _STORES, capacity_for, fast_mode  # noqa: E402
+from specdec.static import _STORES, capacity_for, fast_mode, use_fused  # noqa: E402
 
 
 def _per_token(run, prompts) -> tuple[float, float, float]:
@@ -70,6 +70,38 @@ def replay_ms(target, mode: str, reps: int = 300) -> float:
     return 1e3 * (time.perf_counter() - t0) / reps
 
 
+def measure_mode(args, mode: str, dec: str, target, head, draft, prompts, done) -> None:
+    """The plain, EAGLE-3 and SpS parts of one ``generate(fast=...)`` mode with one target decoder."""
+    fast, n = fast_mode(True if mode == "graphs" else mode), args.max_new_tokens
+    tag = mode if dec == "fused" else f"{mode}, HF modules"
+    run = bench_fast.specdec_run(target, None, n, fast=fast)
+    t0 = time.perf_counter()
+    run(prompts[0])
+    first = time.perf_counter() - t0
+    ms, _, tps = _per_token(run, prompts)
+    rep = replay_ms(target, fast)
+    done({"part": f"plain ({tag})", "first_call_s": first, "ms_per_token": ms, "tokens_per_s": tps,
+          "replay_only_ms": rep, "host_wait_ms": ms - rep})
+    spec = {}
+    if head is not None:
+        spec["EAGLE-3"] = sd.recipes.eagle3(head)
+    if draft is not None:
+        spec[f"SpS K={args.draft_k}"] = DraftModelDrafter(draft, num_drafts=args.draft_k, fast=fast,
+                                                          capacity=capacity_for(args.prompt_tokens, n, 16))
+    for label, drafter in spec.items():
+        try:
+            run = bench_fast.specdec_run(target, drafter, n, fast=fast)
+            t0 = time.perf_counter()
+            run(prompts[0])
+            first = time.perf_counter() - t0
+            ms, tau, tps = _per_token(run, prompts)
+            done({"part": f"{label} ({tag})", "first_call_s": first, "ms_per_step": ms, "tau": tau,
+                  "tokens_per_s": tps})
+        except Exception as err:  # recorded; the other parts still run
+            traceback.print_exc()
+            done({"part": f"{label} ({tag})", "error": f"{type(err).__name__}: {str(err)[:300]}"})
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
@@ -79,6 +111,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--draft-k", type=int, default=6)
     ap.add_argument("--gptfast", default=None, help="anchors folder holding gptfast/ (gpt-fast vanilla row)")
     ap.add_argument("--modes", nargs="+", default=["graphs", "compile"], choices=["graphs", "compile"])
+    ap.add_argument("--decoders", nargs="+", default=["fused"], choices=["fused", "hf"],
+                    help="the target's forward on the fast path: the fused decoder and/or HF's modules")
+    ap.add_argument("--hf-modes", nargs="+", default=None, choices=["graphs", "compile"],
+                    help="modes for --decoders hf (default: --modes)")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -110,34 +146,11 @@ def main(argv=None) -> dict:
     draft = (transformers.AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype, attn_implementation="sdpa")
              .cuda().eval() if args.draft else None)
 
-    for mode in args.modes:
-        fast = fast_mode(True if mode == "graphs" else mode)
-        run = bench_fast.specdec_run(target, None, n, fast=fast)
-        t0 = time.perf_counter()
-        run(prompts[0])
-        first = time.perf_counter() - t0
-        ms, _, tps = _per_token(run, prompts)
-        rep = replay_ms(target, fast)
-        done({"part": f"plain ({mode})", "first_call_s": first, "ms_per_token": ms, "tokens_per_s": tps,
-              "replay_only_ms": rep, "host_wait_ms": ms - rep})
-        spec = {}
-        if head is not None:
-            spec["EAGLE-3"] = sd.recipes.eagle3(head)
-        if draft is not None:
-            spec[f"SpS K={args.draft_k}"] = DraftModelDrafter(draft, num_drafts=args.draft_k, fast=fast,
-                                                              capacity=capacity_for(args.prompt_tokens, n, 16))
-        for label, drafter in spec.items():
-            try:
-                run = bench_fast.specdec_run(target, drafter, n, fast=fast)
-                t0 = time.perf_counter()
-                run(prompts[0])
-                first = time.perf_counter() - t0
-                ms, tau, tps = _per_token(run, prompts)
-                done({"part": f"{label} ({mode})", "first_call_s": first, "ms_per_step": ms, "tau": tau,
-                      "tokens_per_s": tps})
-            except Exception as err:  # recorded; the other parts still run
-                traceback.print_exc()
-                done({"part": f"{label} ({mode})", "error": f"{type(err).__name__}: {str(err)[:300]}"})
+    plan = [(dec, mode) for dec in args.decoders
+            for mode in (args.hf_modes or args.modes if dec == "hf" else args.modes)]
+    for dec, mode in plan:
+        with use_fused(dec == "fused"):
+            measure_mode(args, mode, dec, target, head, draft, prompts, done)
 
     if args.gptfast:  # last: importing gpt-fast sets inductor options process-wide
         runs = bench_fast.gptfast_methods(args.gptfast, target, draft, [args.draft_k] if draft is not None else [],

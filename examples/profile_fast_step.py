@@ -9,7 +9,7 @@ function splits them into regions:
 - ``target graph``: inside the target's captured bucket forward (one replay on CUDA);
 - ``drafter graphs``: inside the drafter's captured draft / absorb steps (one replay each on CUDA);
 - ``kernels``: launches of the Triton kernels the fast path calls (``tree_mask``, ``compact_kv``,
-  ``verify_greedy``, ``emitted_tokens``, ``accepted_feedback``, ``gather_features``): counted as one op each,
+  ``verify_greedy``, ``emitted_tokens``, ``accepted_feedback``): counted as one op each,
   since on CUDA each is one launch (on CPU their torch references run);
 - ``outside``: every other aten op, the eager work around the graphs (what this issue cuts).
 
@@ -109,8 +109,7 @@ def counting(counter: OpCounter) -> Iterator[OpCounter]:
              (specdec.kernels, "verify_greedy", _kernel(counter, "verify_greedy", specdec.kernels.verify_greedy)),
              (specdec.kernels, "emitted_tokens", _kernel(counter, "emitted_tokens", specdec.kernels.emitted_tokens)),
              (specdec.step, "accepted_feedback", _kernel(counter, "accepted_feedback",
-                                                         specdec.step.accepted_feedback)),
-             (specdec.step, "gather_features", _kernel(counter, "gather_features", specdec.step.gather_features))]
+                                                         specdec.step.accepted_feedback))]
     saved = [(module, name, getattr(module, name)) for module, name, _ in swaps]
     for module, name, new in swaps:
         setattr(module, name, new)

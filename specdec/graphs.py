@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from .nn.attention import fixed_shape_attention
+
 if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them at run time
     from .drafters.base import Feedback, ProposeRequest
     from .types import Draft
@@ -237,7 +239,8 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
     """Capture ``fn(*inputs)`` as a CUDA graph on static copies of ``inputs``.
 
     ``fn`` runs ``warmup`` times on a side stream first (lazy tables, kernels' first-call work, allocator),
-    then once under capture; every call of the result replays the graph.
+    then once under capture; every call of the result replays the graph. Both run inside
+    :func:`~specdec.nn.fixed_shape_attention` (masked attention may use cuDNN's SDPA: the shape is fixed).
 
     Args:
         fn: a function of tensors (see :class:`Step`); it runs ``warmup`` times for real.
@@ -258,7 +261,7 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
         raise ValueError("capture_graph needs inputs on a CUDA device; run the step eagerly (or use "
                          "capture_graph_ref) elsewhere")
     static = _map(torch.Tensor.clone, inputs)
-    with torch.cuda.device(device):
+    with torch.cuda.device(device), fixed_shape_attention():  # one shape: cuDNN attention's plan is built once
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -52,6 +52,7 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -63,15 +64,42 @@ import torch
 from torch import nn
 
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
+from .fused import FusedDecoder, fused_support
 from .graphs import BoundMark, CapturedStep, capture_graph, capture_graph_ref, mark_bound, settle_bound
 from .kernels import compact_kv, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter",
-           "fast_mode"]
+           "fast_mode", "use_fused"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+_FUSED_DEFAULT: list[bool | None] = [None]
+
+
+@contextlib.contextmanager
+def use_fused(enabled: bool | None):
+    """Within the block, static adapters built with ``fused=None`` (as ``generate(fast=...)`` builds them) take
+    ``enabled``: ``False`` runs HF's modules, ``True`` requires :class:`~specdec.fused.FusedDecoder`, ``None``
+    restores the automatic choice. For ablations of the fused decoder.
+
+    Args:
+        enabled: ``True``, ``False`` or ``None``.
+
+    Example:
+        >>> with use_fused(False):                                   # doctest: +SKIP
+        ...     out = generate(model, ids, drafter=drafter, fast=True)
+    """
+    if enabled not in (None, True, False):
+        raise ValueError(f"use_fused takes True, False or None, got {enabled!r}")
+    before = _FUSED_DEFAULT[0]
+    _FUSED_DEFAULT[0] = enabled
+    try:
+        yield
+    finally:
+        _FUSED_DEFAULT[0] = before
 
 
 class CapacityError(ValueError):
@@ -315,11 +343,13 @@ class _Store:
     replay references its memory, not the Python objects it was captured from.
     """
 
-    __slots__ = ("buffers", "live")
+    __slots__ = ("buffers", "live", "fused", "params")
 
     def __init__(self) -> None:
         self.buffers: _Buffers | None = None
         self.live: _Ticket | None = None  # the ticket of the newest state on these buffers: a prefill spends it
+        self.fused = None                 # the FusedDecoder the graphs were captured on (None: HF's modules)
+        self.params: tuple[int, ...] = ()  # ids of the model's parameters when the graphs were captured
 
 
 def static_support(model: nn.Module) -> str | None:
@@ -366,12 +396,17 @@ class StaticAdapter:
         feature_layers: HF ``hidden_states`` indices to return.
         capacity: ``Lmax``, cache slots per row (:func:`capacity_for`).
         buckets: padded forward sizes (ascending); forwards larger than the last run eagerly.
+        fused: run the forwards after the prefill with :class:`~specdec.fused.FusedDecoder` (fused projections,
+            gpt-fast style; it holds copies of the fused weights): ``None`` (default) when
+            :func:`~specdec.fused.fused_support` accepts the model, else HF's modules; ``True`` requires it;
+            ``False`` always runs HF's modules (:func:`use_fused` sets what ``None`` means within a block).
         capture: how to capture a bucket's forward (default: :func:`~specdec.graphs.capture_graph` on CUDA,
             eager :func:`~specdec.graphs.capture_graph_ref` elsewhere).
         role: how errors name the model.
 
     Raises:
-        UnsupportedModelError: as :class:`~specdec.adapter.ModelAdapter`.
+        UnsupportedModelError: as :class:`~specdec.adapter.ModelAdapter`; or ``fused=True`` for a model the fused
+            decoder does not cover.
         ValueError: ``capacity`` is not a positive int or a bucket is not a positive int.
 
     Example:
@@ -381,8 +416,17 @@ class StaticAdapter:
 
     def __init__(self, model: nn.Module, feature_layers: tuple[int, ...] = (), *, capacity: int,
                  buckets: Sequence[int] = DEFAULT_BUCKETS, capture: Callable[..., CapturedStep] | None = None,
-                 role: str = "target"):
+                 role: str = "target", fused: bool | None = None):
         self._eager = ModelAdapter(model, feature_layers, role=role)
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be None (automatic), True or False, got {fused!r}")
+        if fused is None:
+            fused = _FUSED_DEFAULT[0]
+        reason = fused_support(model) if fused is not False else "fused=False"
+        if fused is True and reason is not None:
+            raise UnsupportedModelError(f"{type(model).__name__} cannot run on the fused decoder: {reason}; pass "
+                                        f"fused=None or fused=False to run HF's modules on the static path")
+        self.fused = reason is None
         if not isinstance(capacity, int) or capacity < 2:
             raise ValueError(f"capacity must be an int >= 2 (cache slots per row, see capacity_for), got {capacity!r}")
         if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
@@ -422,8 +466,8 @@ class StaticAdapter:
         self._eager.check_positions(max_position)
 
     # ------------------------------------------------------------------ buffers
-    def _ensure_buffers(self, dynamic_cache, batch: int, device: torch.device) -> _Buffers:
-        """The buffers for this batch size and layer shapes (reused, graphs included, when they match)."""
+    def _cache_shapes(self, dynamic_cache, batch: int) -> list:
+        """``(keys_shape, dtype)`` per layer for the static tensors, from HF's cache after its prefill."""
         shapes = []
         for layer in dynamic_cache.layers:
             keys = getattr(layer, "keys", None)
@@ -432,11 +476,22 @@ class StaticAdapter:
                     f"{type(self.model).__name__}: a cache layer is not a full-attention key/value layer, so the "
                     f"static path cannot hold it; call generate(..., fast=False) for this model")
             shapes.append(((batch, keys.shape[1], self.capacity, keys.shape[3]), keys.dtype))
-        buf = self._store.buffers
+        return shapes
+
+    def _ensure_buffers(self, shapes: list, batch: int, device: torch.device) -> _Buffers:
+        """The buffers for this batch size and layer shapes (reused, graphs included, when they match)."""
+        store, buf = self._store, self._store.buffers
         if buf is not None:
             same = [(tuple(la.keys.shape), la.keys.dtype) for la in buf.cache.layers] == shapes
-            if same and buf.valid.device == device:
+            fresh = store.params == _param_ids(self.model)  # a replaced parameter: the graphs read the old one
+            if self.fused != (store.fused is not None):
+                fresh = False
+            elif store.fused is not None and fresh:
+                store.fused.sync()  # weights updated in place: copied again into the fused tensors
+            if same and fresh and buf.valid.device == device:
                 return buf
+        store.fused = FusedDecoder(self.model, self.capacity + self.buckets[-1]) if self.fused else None
+        store.params = _param_ids(self.model)
         cache = slot_cache(shapes, device)
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
@@ -452,25 +507,33 @@ class StaticAdapter:
             return capture_graph
         return lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0)
 
-    def _step_fn(self, cache) -> Callable:
-        """The captured function: one model call writing at ``slots``; returns ``(logits, features)``."""
+    def _model_fn(self, cache) -> Callable:
+        """``run(tokens, positions, mask, slots) -> (logits, features)``: one forward writing at ``slots``, through
+        the fused decoder or HF's modules."""
+        fused, layers = self._store.fused, self.feature_layers
+        if fused is not None:
+            return lambda tokens, positions, mask, slots: fused(tokens, positions, mask, slots, cache.layers, layers)
+
         def run(tokens, positions, mask, slots):
             cache.slots = slots
             out = self._eager._run(tokens, mask, positions, cache, tree=True)
             return out.logits, out.features
         return run
 
+    def _step_fn(self, cache) -> Callable:
+        """The captured function: one model call writing at ``slots``; returns ``(logits, features)``."""
+        return self._model_fn(cache)
+
     def _plain_fn(self, buf: _Buffers) -> Callable:
         """The plain step's captured function: its own mask column and valid slot set in place, one model call,
         and the argmax of its logits; returns ``(logits, features, argmax)``."""
-        cache, valid = buf.cache, buf.valid
+        valid, model = buf.valid, self._model_fn(buf.cache)
 
         def run(tokens, positions, mask, slots):
             mask.index_fill_(-1, slots, 0.0)  # the token sees itself (the committed columns are already right)
             valid.index_fill_(1, slots, True)  # kept at once: nothing to compact after a plain step
-            cache.slots = slots
-            out = self._eager._run(tokens, mask, positions, cache, tree=True)
-            return out.logits, out.features, out.logits[:, -1].argmax(-1)
+            logits, feats = model(tokens, positions, mask, slots)
+            return logits, feats, logits[:, -1].argmax(-1)
         return run
 
     @staticmethod
@@ -485,7 +548,11 @@ class StaticAdapter:
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 *, last_logits_only: bool = True) -> tuple[ForwardOutput, StaticCacheState]:
-        """Run the prompt eagerly (HF's own pass, as :meth:`ModelAdapter.prefill`) and copy it into the static cache.
+        """Run the prompt eagerly and keep its keys/values in the static cache.
+
+        With the fused decoder (:attr:`fused`), its :meth:`~specdec.fused.FusedDecoder.prefill` writes them in
+        place (causal attention over the prompt, one eager pass of fused kernels); otherwise HF's own pass (as
+        :meth:`ModelAdapter.prefill`) runs on a ``DynamicCache`` that is copied in.
 
         Args:
             input_ids: Shape ``[B, T]``, left-padded prompts.
@@ -505,15 +572,25 @@ class StaticAdapter:
         live = self._store.live
         if live is not None and live.spent_by is None:
             live.spent_by = "prefill"  # the buffers are about to be overwritten
-        out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
-        buf = self._ensure_buffers(dyn.cache, B, input_ids.device)
-        for static, layer in zip(buf.cache.layers, dyn.cache.layers):
-            static.keys[:, :, :T].copy_(layer.keys)
-            static.values[:, :, :T].copy_(layer.values)
-        buf.valid[:, :T].copy_(dyn.committed_valid)
+        if self.fused:  # the fused decoder writes the prompt's keys/values straight into the static tensors
+            self._eager._check_length(T - 1)
+            valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+            all_valid = attention_mask is None or bool(valid.all())  # host sync, once per prompt (as ModelAdapter)
+            buf = self._ensure_buffers(FusedDecoder.cache_shapes(self.model, B, self.capacity), B, input_ids.device)
+            logits, feats = self._store.fused.prefill(input_ids, valid, buf.cache.layers, self.feature_layers,
+                                                      all_valid=all_valid, last_only=last_logits_only)
+            out, lengths = ForwardOutput(logits=logits, features=feats), valid.sum(1)
+        else:  # HF's own pass on a DynamicCache, copied into the static tensors
+            out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
+            buf = self._ensure_buffers(self._cache_shapes(dyn.cache, B), B, input_ids.device)
+            for static, layer in zip(buf.cache.layers, dyn.cache.layers):
+                static.keys[:, :, :T].copy_(layer.keys)
+                static.values[:, :, :T].copy_(layer.values)
+            valid, lengths = dyn.committed_valid, dyn.lengths
+        buf.valid[:, :T].copy_(valid)
         buf.plain.at = None  # the committed slots changed: the plain mask row is rebuilt at the next plain step
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
-        return out, StaticCacheState(valid=buf.valid, committed=T, lengths=dyn.lengths, pending_parents=empty,
+        return out, StaticCacheState(valid=buf.valid, committed=T, lengths=lengths, pending_parents=empty,
                                      pending_present=empty.bool(), ticket=self._issue())
 
     def _issue(self) -> _Ticket:
@@ -796,6 +873,11 @@ class StaticAdapter:
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
                               pending_present=empty_bool, ticket=self._issue(), ends=ends, mark=mark)
+
+
+def _param_ids(model: nn.Module) -> tuple[int, ...]:
+    """The ids of ``model``'s parameter tensors (a parameter replaced by another tensor changes them)."""
+    return tuple(id(p) for p in model.parameters())
 
 
 def _replay(runner: CapturedStep):

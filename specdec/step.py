@@ -28,7 +28,7 @@ import torch
 from .adapter import CacheState, ModelAdapter
 from .drafters.base import Drafter, Feedback, ProposeRequest
 from .gating import truncate_draft
-from .kernels import accepted_feedback, gather_features
+from .kernels import accepted_feedback
 from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
 from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
@@ -303,12 +303,12 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     drafter_state = state.drafter_state
     if drafter is not None:
         # 5. The drafter absorbs the outcome: the committed tokens and the target's features at them.
-        # (kernels.accepted_feedback: root + accepted drafts, the tokens after them, positions, valid columns;
-        # kernels.gather_features: every feature layer at the accepted nodes, one launch)
-        committed, following, positions, valid = accepted_feedback(roots, tokens, keep_counts, pending.lengths, width)
+        # (kernels.accepted_feedback, one launch: root + accepted drafts, the tokens after them, positions, valid
+        # columns, and every feature layer at the accepted nodes)
+        rows = accepted_feedback(roots, tokens, keep_counts, pending.lengths, width, out.features, nodes)
         drafter_state = drafter.update(drafter_state, Feedback(
-            tokens=committed, next_tokens=following, positions=positions, valid=valid,
-            features=gather_features(out.features, nodes), roots=result.next_tokens, accepted_nodes=nodes))
+            tokens=rows.committed, next_tokens=rows.next_tokens, positions=rows.positions, valid=rows.valid,
+            features=rows.features, roots=result.next_tokens, accepted_nodes=nodes))
         _tick(clock, "update")
     state = DecodeState(cache=cache, roots=result.next_tokens, drafter_state=drafter_state)
     return StepOutput(emitted=emitted, state=state, draft=draft, result=result)
@@ -327,11 +327,10 @@ def _tree_late(adapter, state: DecodeState, out, pending, draft: Draft, result: 
     drafter_state = state.drafter_state
     if drafter is not None:
         # 5. The drafter absorbs K + 1 columns; those past a row's count are marked invalid.
-        committed, following, positions, valid = accepted_feedback(state.roots, tokens, keep_counts, pending.lengths,
-                                                                   D1)
+        rows = accepted_feedback(state.roots, tokens, keep_counts, pending.lengths, D1, out.features, path)
         drafter_state = drafter.update(drafter_state, Feedback(
-            tokens=committed, next_tokens=following, positions=positions, valid=valid,
-            features=gather_features(out.features, path), roots=result.next_tokens, accepted_nodes=path))
+            tokens=rows.committed, next_tokens=rows.next_tokens, positions=rows.positions, valid=rows.valid,
+            features=rows.features, roots=result.next_tokens, accepted_nodes=path))
         _tick(clock, "update")
     # The tokens on their way to the host: per row its count, its tokens, then the bad-id flags (read one step late).
     packed = torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)

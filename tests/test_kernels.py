@@ -30,8 +30,6 @@ from specdec.kernels import (
     compact_kv_ref,
     emitted_tokens,
     emitted_tokens_ref,
-    gather_features,
-    gather_features_ref,
     head_tree_mask,
     head_tree_mask_ref,
     interpreter_enabled,
@@ -327,15 +325,16 @@ def test_accepted_feedback_kernel_equals_reference(batch, nodes, depth):
     for width in sorted({0, 1, int(keep.max()), depth + 1}):
         got = kernel(accepted_feedback, roots, tokens, keep, lengths, width)
         want = reference(accepted_feedback, roots, tokens, keep, lengths, width)
-        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
-    committed, following, positions, valid = want
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got[:4], want[:4]))
+        assert got.features == want.features == ()
+    committed, following, positions, valid, _ = want
     assert (committed >= 0).all() and (following >= 0).all() and valid.dtype == torch.bool
 
 
 @needs_kernels
 @pytest.mark.parametrize("batch, nodes, width", [(1, 1, 1), (3, 61, 9), (8, 7, 0), (5, 64, 64)])
 @pytest.mark.parametrize("layers", [(48,), (48, 48, 48), (1100, 1100, 1100, 1100, 1100), (48, 33, 48)])
-def test_gather_features_kernel_equals_reference(batch, nodes, width, layers):
+def test_accepted_feedback_gathers_the_features_at_the_accepted_nodes_as_the_reference(batch, nodes, width, layers):
     g = torch.Generator().manual_seed(batch * 1000 + nodes + len(layers))
     # mixed shapes (two launches), five equal tensors (two launches of <= 4), hidden not a power of two and above
     # the 1024 block, a non-contiguous view (a slice of a wider buffer), bfloat16 beside float32
@@ -344,25 +343,28 @@ def test_gather_features_kernel_equals_reference(batch, nodes, width, layers):
         wide = torch.randn(batch, nodes, hidden + 5, generator=g).to(DEVICE)
         f = wide[:, :, 2:2 + hidden]
         features.append(f.to(torch.bfloat16) if i == 2 and len(layers) == 3 and layers[0] != layers[1] else f)
-    picked = torch.randint(-1, nodes, (batch, width), generator=g).to(DEVICE)
-    got, want = kernel(gather_features, features, picked), reference(gather_features, features, picked)
-    assert len(got) == len(want) == len(layers)
-    for a, b, f in zip(got, want, features):
+    path = torch.randint(-1, nodes, (batch, width + 1), generator=g).to(DEVICE)  # wider than W: the first W read
+    tokens = torch.randint(-1, 500, (batch, width + 1), generator=g).to(DEVICE)
+    roots, lengths = torch.randint(0, 500, (batch,), generator=g).to(DEVICE), torch.arange(batch).to(DEVICE) + 7
+    keep = torch.randint(0, width + 1, (batch,), generator=g).to(DEVICE)
+    args = (roots, tokens, keep, lengths, width, features, path)
+    got, want = kernel(accepted_feedback, *args), reference(accepted_feedback, *args)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got[:4], want[:4]))
+    assert len(got.features) == len(want.features) == len(layers)
+    for a, b, f in zip(got.features, want.features, features):
         assert a.dtype == b.dtype == f.dtype and a.shape == (batch, width, f.shape[-1]) and torch.equal(a, b)
     for b in range(batch):  # -1 padding reads node 0
         for j in range(width):
-            assert torch.equal(want[0][b, j], features[0][b, max(int(picked[b, j]), 0)])
-
-
-def test_gather_features_names_bad_input():
-    with pytest.raises(ValueError, match="nodes"):
-        gather_features_ref([torch.zeros(2, 3, 4)], torch.zeros(2, 3))
-    with pytest.raises(ValueError, match=r"features\[1\]"):
-        gather_features_ref([torch.zeros(2, 3, 4), torch.zeros(3, 3, 4)], torch.zeros(2, 1, dtype=torch.long))
-    assert gather_features_ref([], torch.zeros(2, 1, dtype=torch.long)) == ()
+            assert torch.equal(want.features[0][b, j], features[0][b, max(int(path[b, j]), 0)])
 
 
 def test_accepted_feedback_names_bad_input():
+    z = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="nodes"):
+        accepted_feedback_ref(z, torch.zeros(2, 3, dtype=torch.long), z, z, 2, [torch.zeros(2, 3, 4)], None)
+    with pytest.raises(ValueError, match=r"features\[1\]"):
+        accepted_feedback_ref(z, torch.zeros(2, 3, dtype=torch.long), z, z, 2,
+                              [torch.zeros(2, 3, 4), torch.zeros(3, 3, 4)], torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="width"):
         accepted_feedback_ref(torch.zeros(2, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long),
                               torch.ones(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), 4)

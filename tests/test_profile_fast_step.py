@@ -24,6 +24,6 @@ def test_the_profile_counts_each_region_per_step_and_restores_the_kernels():
     # A plain step: one target forward, no drafter, no kernel launch (its mask row only gains a column).
     assert plain["target graph"] > 50 and plain["drafter graphs"] == 0 and plain["kernels"] == 0
     assert 0 < plain["outside"] <= 6
-    # A tree step: the tree mask, the verifier, the emitted tokens, the compaction, the feedback rows and the
-    # feedback features are one launch each; the drafter is captured.
-    assert 5 <= tree["kernels"] <= 6 and tree["drafter graphs"] > 50 and tree["outside"] > plain["outside"]
+    # A tree step: the tree mask, the verifier, the emitted tokens, the compaction and the feedback (rows and
+    # features) are one launch each; the drafter is captured.
+    assert 4 <= tree["kernels"] <= 5 and tree["drafter graphs"] > 50 and tree["outside"] > plain["outside"]

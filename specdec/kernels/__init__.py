@@ -14,8 +14,7 @@ op                                          replaces                            
 :func:`verify_chain_noise`                  chain rejection sampling under noise      2
 :func:`verify_tree_deterministic_noise`     target-only tree rejection under noise    2
 :func:`emitted_tokens`                      :func:`specdec.verify.emitted_tokens`'s ops 1
-:func:`accepted_feedback`                   the drafter feedback rows in ``step()``   1
-:func:`gather_features`                     the feedback features' per-layer gathers  1 (per 4 equal tensors)
+:func:`accepted_feedback`                   the drafter feedback in ``step()``        1 (per 4 equal feature tensors)
 :func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
 =========================================== ======================================== ===================================
@@ -32,12 +31,11 @@ from ._dispatch import (
                         triton_available,
 )
 from .emit import (
+                        FeedbackRows,
                         accepted_feedback,
                         accepted_feedback_ref,
                         emitted_tokens,
                         emitted_tokens_ref,
-                        gather_features,
-                        gather_features_ref,
 )
 from .kv_compact import compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
@@ -62,7 +60,7 @@ __all__ = [
     "VerifyNoise", "draw_verify_noise", "verify_chain_noise", "verify_chain_noise_ref",
     "verify_tree_deterministic_noise", "verify_tree_deterministic_noise_ref",
     "emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref",
-    "gather_features", "gather_features_ref",
+    "FeedbackRows",
     "compact_kv", "compact_kv_ref",
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
 ]

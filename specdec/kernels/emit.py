@@ -1,5 +1,5 @@
 """After verification, in one launch each: the tokens a step emits (vLLM's ``[B, D + 1]``, ``-1``-padded layout),
-and the rows of the drafter's feedback.
+and the drafter's feedback (its rows and the target's features at the accepted nodes, :func:`accepted_feedback`).
 
 Math: row ``b`` emits ``tokens[b, accepted_nodes[b, j] - 1]`` for ``j = 1..num_accepted[b]`` (the accepted drafts,
 in path order), then ``next_tokens[b]`` (the bonus or recovered token); the columns after those ``num_accepted[b]
@@ -12,13 +12,14 @@ References:
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, tl
 
-__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "gather_features",
-           "gather_features_ref"]
+__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "FeedbackRows"]
 
 
 def _check(draft_tokens, accepted_nodes, num_accepted, next_tokens) -> tuple[int, int]:
@@ -127,11 +128,34 @@ def emitted_tokens(draft_tokens: torch.Tensor, accepted_nodes: torch.Tensor, num
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The drafter's feedback rows of a verified step
+# The drafter's feedback rows of a verified step (and the target features at the accepted nodes)
 # ----------------------------------------------------------------------------------------------------------------
 
+_FEATURES_PER_LAUNCH = 4  # feature pointers of one launch; more feature tensors (or other layouts) take more launches
 
-def _check_feedback(roots, tokens, keep_counts, lengths, width) -> int:
+
+class FeedbackRows(NamedTuple):
+    """What :func:`accepted_feedback` returns: the fields of a drafter's ``Feedback`` after a verified step.
+
+    A named tuple: it unpacks as ``committed, next_tokens, positions, valid, features``.
+
+    Attributes:
+        committed: Shape ``[B, W]`` (``tokens``' dtype), the root then the emitted tokens (clamped at 0).
+        next_tokens: Shape ``[B, W]`` (``tokens``' dtype), the token after each (clamped at 0).
+        positions: Shape ``[B, W]`` (``lengths``' dtype), ``lengths + j``.
+        valid: Shape ``[B, W]`` bool, ``j < keep_counts``.
+        features: a tuple of ``F`` tensors ``[B, W, H_i]``, one per feature tensor given (its dtype): the target's
+            features at the accepted nodes; ``()`` without features.
+    """
+
+    committed: torch.Tensor
+    next_tokens: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    features: tuple = ()
+
+
+def _check_feedback(roots, tokens, keep_counts, lengths, width, features, nodes) -> int:
     batch = tokens.shape[0] if tokens.dim() == 2 else -1
     if batch < 0 or tuple(roots.shape) != (batch,) or tuple(keep_counts.shape) != (batch,) \
             or tuple(lengths.shape) != (batch,):
@@ -140,13 +164,25 @@ def _check_feedback(roots, tokens, keep_counts, lengths, width) -> int:
                          f"lengths {tuple(lengths.shape)}")
     if not 0 <= width <= tokens.shape[1]:
         raise ValueError(f"width must lie in [0, D + 1] = [0, {tokens.shape[1]}] (the widest kept path), got {width}")
+    if features:
+        if nodes is None or nodes.dim() != 2 or nodes.shape[0] != batch or nodes.shape[1] < width \
+                or nodes.dtype.is_floating_point:
+            raise ValueError(f"accepted_feedback: with features, nodes must be the accepted path [B = {batch}, >= W = "
+                             f"{width}] of integer node indices, got "
+                             f"{None if nodes is None else (tuple(nodes.shape), nodes.dtype)}")
+        for i, f in enumerate(features):
+            if f.dim() != 3 or f.shape[0] != batch or f.device != nodes.device:
+                raise ValueError(f"accepted_feedback: features[{i}] must be [B = {batch}, N, H] on {nodes.device} "
+                                 f"(one tensor per feature layer, as ForwardOutput.features), got {tuple(f.shape)} "
+                                 f"on {f.device}")
     return batch
 
 
 def accepted_feedback_ref(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: torch.Tensor,
-                          lengths: torch.Tensor, width: int
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference for :func:`accepted_feedback` (same signature and result): the code ``step()`` ran before.
+                          lengths: torch.Tensor, width: int, features=(), nodes: torch.Tensor | None = None
+                          ) -> FeedbackRows:
+    """Reference for :func:`accepted_feedback` (same signature and result): the code ``step()`` ran before (the
+    rows' torch ops, then one gather per feature tensor).
 
     Args:
         roots: Shape ``[B]``, each row's root (the token the step's forward started from).
@@ -154,37 +190,61 @@ def accepted_feedback_ref(roots: torch.Tensor, tokens: torch.Tensor, keep_counts
         keep_counts: Shape ``[B]``, tokens each row commits (root + accepted drafts; 0 for inactive rows).
         lengths: Shape ``[B]``, each row's position of the root (the committed length before the step).
         width: ``W``, the widest kept path (columns of the outputs).
+        features: ``F`` tensors ``[B, N, H_i]``, the target's features at the step's ``N`` nodes (or none).
+        nodes: Shape ``[B, >= W]`` int64, the accepted path's node indices, ``-1`` padded (with ``features``).
 
     Returns:
-        ``(committed, next_tokens, positions, valid)``, each ``[B, W]``.
+        :class:`FeedbackRows`, each row field ``[B, W]``, ``features`` ``F`` tensors ``[B, W, H_i]``.
     """
-    _check_feedback(roots, tokens, keep_counts, lengths, width)
+    features = tuple(features)
+    _check_feedback(roots, tokens, keep_counts, lengths, width, features, nodes)
     columns = torch.arange(width, device=tokens.device)[None, :]
     committed = torch.cat([roots[:, None].to(tokens.dtype), tokens], 1)[:, :width].clamp_(min=0)
-    return (committed, tokens[:, :width].clamp(min=0), lengths[:, None] + columns, columns < keep_counts[:, None])
+    feats = ()
+    if features:
+        index = nodes[:, :width].clamp(min=0)[:, :, None]
+        feats = tuple(f.gather(1, index.expand(-1, -1, f.shape[-1])) for f in features)
+    return FeedbackRows(committed, tokens[:, :width].clamp(min=0), lengths[:, None] + columns,
+                        columns < keep_counts[:, None], feats)
 
 
 @jit
 def _feedback_kernel(roots_ptr, tokens_ptr, counts_ptr, lengths_ptr, committed_ptr, next_ptr, positions_ptr,
-                     valid_ptr, width, stride_tb, stride_tn, BLOCK: tl.constexpr):
-    """One row: committed = [root, tokens...][:W] and next = tokens[:W] (both >= 0), positions, valid."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    live = cols < width
-    base = tokens_ptr + row * stride_tb
-    here = tl.load(base + cols * stride_tn, mask=live, other=0)
-    before = tl.load(base + (cols - 1) * stride_tn, mask=live & (cols >= 1), other=0)
-    root = tl.load(roots_ptr + row)
-    committed = tl.where(cols == 0, root, before)
-    out = row * width + cols
-    tl.store(committed_ptr + out, tl.maximum(committed, 0), mask=live)
-    tl.store(next_ptr + out, tl.maximum(here, 0), mask=live)
-    tl.store(positions_ptr + out, tl.load(lengths_ptr + row) + cols, mask=live)
-    tl.store(valid_ptr + out, (cols < tl.load(counts_ptr + row)).to(tl.int8), mask=live)
+                     valid_ptr, nodes_ptr, f0, f1, f2, f3, out_ptr, width, hidden, stride_tb, stride_tn, stride_nb,
+                     stride_nw, stride_fb, stride_fn, stride_fh, plane,
+                     ROWS: tl.constexpr, NUM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One program per (row, column): the feedback entry (``ROWS``) and its node's vector from ``NUM`` features."""
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // width
+    col = pid % width
+    if ROWS:
+        base = tokens_ptr + row * stride_tb
+        here = tl.load(base + col * stride_tn)
+        before = tl.load(base + (col - 1) * stride_tn, mask=col >= 1, other=0)
+        committed = tl.where(col == 0, tl.load(roots_ptr + row), before)
+        tl.store(committed_ptr + pid, tl.maximum(committed, 0))
+        tl.store(next_ptr + pid, tl.maximum(here, 0))
+        tl.store(positions_ptr + pid, tl.load(lengths_ptr + row) + col)
+        tl.store(valid_ptr + pid, (col < tl.load(counts_ptr + row)).to(tl.int8))
+    if NUM > 0:
+        node = tl.maximum(tl.load(nodes_ptr + row * stride_nb + col * stride_nw), 0)
+        src = row * stride_fb + node * stride_fn
+        dst = out_ptr + pid * hidden
+        for start in range(0, hidden, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            ok = h < hidden
+            tl.store(dst + h, tl.load(f0 + src + h * stride_fh, mask=ok), mask=ok)
+            if NUM > 1:
+                tl.store(dst + plane + h, tl.load(f1 + src + h * stride_fh, mask=ok), mask=ok)
+            if NUM > 2:
+                tl.store(dst + 2 * plane + h, tl.load(f2 + src + h * stride_fh, mask=ok), mask=ok)
+            if NUM > 3:
+                tl.store(dst + 3 * plane + h, tl.load(f3 + src + h * stride_fh, mask=ok), mask=ok)
 
 
-def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width):
-    batch = _check_feedback(roots, tokens, keep_counts, lengths, width)
+def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width, features=(), nodes=None):
+    features = tuple(features)
+    batch = _check_feedback(roots, tokens, keep_counts, lengths, width, features, nodes)
     device = tokens.device
     if lengths.dtype == tokens.dtype:  # one allocation for the three integer outputs (contiguous views)
         committed, next_tokens, positions = torch.empty(3, batch, width, dtype=tokens.dtype, device=device).unbind(0)
@@ -193,21 +253,48 @@ def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width):
         next_tokens = torch.empty_like(committed)
         positions = torch.empty(batch, width, dtype=lengths.dtype, device=device)
     valid = torch.empty(batch, width, dtype=torch.bool, device=device)
+    # Feature tensors of one layout share launches, four at a time; the first launch also writes the rows.
+    launches: list[tuple[list[int], torch.Tensor | None]] = []
+    groups: dict[tuple, list[int]] = {}
+    for i, f in enumerate(features):
+        groups.setdefault((tuple(f.shape), f.stride(), f.dtype), []).append(i)
+    out: list = [None] * len(features)
+    for (shape, _, dtype), members in groups.items():
+        stacked = torch.empty(len(members), batch, width, shape[2], dtype=dtype, device=device)
+        for j, i in enumerate(members):
+            out[i] = stacked[j]
+        for start in range(0, len(members), _FEATURES_PER_LAUNCH):
+            launches.append((members[start:start + _FEATURES_PER_LAUNCH], stacked[start]))
+    if not launches:
+        launches.append(([], None))
     if batch and width:
-        _feedback_kernel[(batch,)](
-            roots.to(tokens.dtype), tokens, keep_counts, lengths, committed, next_tokens, positions,
-            valid.view(torch.int8), width, tokens.stride(0), tokens.stride(1), BLOCK=next_pow2(width),
-        )
-    return committed, next_tokens, positions, valid
+        roots_t = roots.to(tokens.dtype)
+        for n, (chunk, dst) in enumerate(launches):
+            srcs = [features[i] for i in chunk]
+            f = srcs[0] if srcs else tokens  # never read without features (NUM = 0)
+            srcs += [f] * (_FEATURES_PER_LAUNCH - len(srcs))
+            path = nodes if nodes is not None else tokens
+            hidden = f.shape[2] if chunk else 1
+            _feedback_kernel[(batch * width,)](
+                roots_t, tokens, keep_counts, lengths, committed, next_tokens, positions, valid.view(torch.int8),
+                path, *srcs, committed if dst is None else dst, width, hidden, tokens.stride(0), tokens.stride(1),
+                path.stride(0), path.stride(1), *(f.stride() if chunk else (0, 0, 0)), batch * width * hidden,
+                ROWS=n == 0, NUM=len(chunk), BLOCK_H=min(1024, next_pow2(hidden)),
+            )
+    return FeedbackRows(committed, next_tokens, positions, valid, tuple(out))
 
 
 def accepted_feedback(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: torch.Tensor, lengths: torch.Tensor,
-                      width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The drafter's feedback rows of a verified step, in one launch on CUDA.
+                      width: int, features=(), nodes: torch.Tensor | None = None) -> FeedbackRows:
+    """The drafter's feedback after a verified step, its rows and the target features at the accepted nodes, in one
+    launch on CUDA.
 
     Math, per row ``b`` and column ``j < W``: ``committed[b, j]`` = the root for ``j = 0``, else ``tokens[b, j - 1]``;
     ``next_tokens[b, j] = tokens[b, j]`` (both clamped at 0: ``-1`` padding becomes a harmless id);
-    ``positions[b, j] = lengths[b] + j``; ``valid[b, j] = j < keep_counts[b]``.
+    ``positions[b, j] = lengths[b] + j``; ``valid[b, j] = j < keep_counts[b]``; and per feature tensor ``i``,
+    ``result.features[i][b, j] = features[i][b, max(nodes[b, j], 0)]`` (``-1`` padding reads node 0). One program
+    per (row, column); feature tensors of one shape, strides and dtype share a launch, four at a time (more
+    tensors, or other layouts, take more launches; the first also writes the rows).
 
     Args:
         roots: Shape ``[B]`` int64.
@@ -215,129 +302,27 @@ def accepted_feedback(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: to
         keep_counts: Shape ``[B]`` int64, tokens each row commits.
         lengths: Shape ``[B]`` int64, the root's position per row.
         width: ``W <= D + 1``, the widest kept path.
+        features: a sequence of ``F`` tensors ``[B, N, H_i]`` on ``nodes``' device (``ForwardOutput.features``),
+            or none.
+        nodes: Shape ``[B, >= W]`` int64, the accepted path's node indices in ``[0, N)``, ``-1`` padded; its first
+            ``W`` columns are read. Needed with ``features``, ignored without.
 
     Returns:
-        ``(committed, next_tokens, positions, valid)``, each ``[B, W]`` (``valid`` bool).
+        :class:`FeedbackRows`: ``committed``, ``next_tokens``, ``positions``, ``valid`` each ``[B, W]``
+        (``valid`` bool), ``features`` a tuple of ``F`` tensors ``[B, W, H_i]`` (contiguous; ``()`` without
+        features).
 
     Raises:
-        ValueError: shapes or ``width`` that do not fit (the message names them).
+        ValueError: shapes, ``width``, ``nodes`` or feature devices that do not fit (the message names them).
 
     Example:
-        >>> c, n, p, v = accepted_feedback(torch.tensor([7]), torch.tensor([[5, 9, -1]]), torch.tensor([2]),
-        ...                                torch.tensor([10]), 2)
-        >>> c.tolist(), n.tolist(), p.tolist(), v.tolist()
-        ([[7, 5]], [[5, 9]], [[10, 11]], [[True, True]])
-    """
-    if use_kernel("accepted_feedback", roots, tokens, keep_counts, lengths):
-        return _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width)
-    return accepted_feedback_ref(roots, tokens, keep_counts, lengths, width)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The target features at the accepted nodes (the drafter's feedback features)
-# ----------------------------------------------------------------------------------------------------------------
-
-_FEATURES_PER_LAUNCH = 4  # pointer arguments of one launch; more feature tensors take more launches
-
-
-def _check_gather(features, nodes) -> tuple[int, int, int]:
-    features = tuple(features)
-    if nodes.dim() != 2 or nodes.dtype.is_floating_point:
-        raise ValueError(f"gather_features needs nodes [B, W] of integer node indices, got {tuple(nodes.shape)} "
-                         f"{nodes.dtype}")
-    batch, width = nodes.shape
-    for i, f in enumerate(features):
-        if f.dim() != 3 or f.shape[0] != batch or f.device != nodes.device:
-            raise ValueError(f"gather_features: features[{i}] must be [B = {batch}, N, H] on {nodes.device} (one "
-                             f"tensor per feature layer, as ForwardOutput.features), got {tuple(f.shape)} on "
-                             f"{f.device}")
-    return len(features), batch, width
-
-
-def gather_features_ref(features, nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Reference for :func:`gather_features` (same signature and result): the per-tensor gathers ``step()`` ran.
-
-    Args:
-        features: a sequence of ``F`` tensors, each ``[B, N, H_i]`` (the target's features at the ``N`` nodes).
-        nodes: Shape ``[B, W]`` int64, node indices ``< N`` (``-1`` padding reads node 0).
-
-    Returns:
-        ``F`` tensors ``[B, W, H_i]``.
-    """
-    _check_gather(features, nodes)
-    index = nodes.clamp(min=0)[:, :, None]
-    return tuple(f.gather(1, index.expand(-1, -1, f.shape[-1])) for f in features)
-
-
-@jit
-def _gather_kernel(f0, f1, f2, f3, nodes_ptr, out_ptr, width, hidden, stride_fb, stride_fn, stride_fh,
-                   stride_nb, stride_nw, plane, NUM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One program per (row, column): copy the feature vector of its node from each of the ``NUM`` tensors."""
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // width
-    col = pid % width
-    node = tl.maximum(tl.load(nodes_ptr + row * stride_nb + col * stride_nw), 0)
-    src = row * stride_fb + node * stride_fn
-    dst = out_ptr + pid * hidden
-    for start in range(0, hidden, BLOCK_H):
-        h = start + tl.arange(0, BLOCK_H)
-        ok = h < hidden
-        tl.store(dst + h, tl.load(f0 + src + h * stride_fh, mask=ok), mask=ok)
-        if NUM > 1:
-            tl.store(dst + plane + h, tl.load(f1 + src + h * stride_fh, mask=ok), mask=ok)
-        if NUM > 2:
-            tl.store(dst + 2 * plane + h, tl.load(f2 + src + h * stride_fh, mask=ok), mask=ok)
-        if NUM > 3:
-            tl.store(dst + 3 * plane + h, tl.load(f3 + src + h * stride_fh, mask=ok), mask=ok)
-
-
-def _gather_features_triton(features, nodes):
-    features = tuple(features)
-    count, batch, width = _check_gather(features, nodes)
-    out: list = [None] * count
-    groups: dict[tuple, list[int]] = {}  # one launch per (shape, strides, dtype) group, four tensors at a time
-    for i, f in enumerate(features):
-        groups.setdefault((tuple(f.shape), f.stride(), f.dtype), []).append(i)
-    for (shape, stride, dtype), members in groups.items():
-        hidden = shape[2]
-        stacked = torch.empty(len(members), batch, width, hidden, dtype=dtype, device=nodes.device)
-        for start in range(0, len(members), _FEATURES_PER_LAUNCH):
-            chunk = members[start:start + _FEATURES_PER_LAUNCH]
-            if batch * width and hidden:
-                srcs = [features[i] for i in chunk]
-                srcs += [srcs[0]] * (_FEATURES_PER_LAUNCH - len(srcs))
-                _gather_kernel[(batch * width,)](
-                    *srcs, nodes, stacked[start], width, hidden, *stride, *nodes.stride(), batch * width * hidden,
-                    NUM=len(chunk), BLOCK_H=min(1024, next_pow2(hidden)),
-                )
-        for j, i in enumerate(members):
-            out[i] = stacked[j]
-    return tuple(out)
-
-
-def gather_features(features, nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The target's features at each row's accepted nodes, every feature tensor in one launch on CUDA.
-
-    Math, per tensor ``i``, row ``b``, column ``j``: ``out[i][b, j] = features[i][b, max(nodes[b, j], 0)]``. The
-    drafter's feedback features after a verified step (EAGLE-3 reads three target layers: one launch instead of
-    three gathers and their index ops). Tensors of one shape, strides and dtype share a launch (four at a time).
-
-    Args:
-        features: a sequence of ``F`` tensors, each ``[B, N, H_i]``.
-        nodes: Shape ``[B, W]`` int64, node indices in ``[0, N)``, ``-1`` padded (padding reads node 0).
-
-    Returns:
-        ``F`` tensors ``[B, W, H_i]`` (contiguous).
-
-    Raises:
-        ValueError: shapes or devices that do not fit (the message names them).
-
-    Example:
-        >>> f = torch.arange(6.).view(1, 3, 2)
-        >>> gather_features([f], torch.tensor([[2, 0, -1]]))[0].tolist()
-        [[[4.0, 5.0], [0.0, 1.0], [0.0, 1.0]]]
+        >>> c, n, p, v, f = accepted_feedback(torch.tensor([7]), torch.tensor([[5, 9, -1]]), torch.tensor([2]),
+        ...                                   torch.tensor([10]), 2, [torch.arange(6.).view(1, 3, 2)],
+        ...                                   torch.tensor([[0, 2, -1]]))
+        >>> c.tolist(), n.tolist(), p.tolist(), v.tolist(), f[0].tolist()
+        ([[7, 5]], [[5, 9]], [[10, 11]], [[True, True]], [[[0.0, 1.0], [4.0, 5.0]]])
     """
     features = tuple(features)
-    if use_kernel("gather_features", nodes, *features):
-        return _gather_features_triton(features, nodes)
-    return gather_features_ref(features, nodes)
+    if use_kernel("accepted_feedback", roots, tokens, keep_counts, lengths, *features):
+        return _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width, features, nodes)
+    return accepted_feedback_ref(roots, tokens, keep_counts, lengths, width, features, nodes)

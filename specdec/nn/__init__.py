@@ -4,7 +4,8 @@
   norm), :class:`FusedInputDecoderLayer` (EAGLE-3's ``[norm(emb), norm(hidden)]`` input), :class:`DecoderConfig`.
 - :mod:`specdec.nn.attention`: :class:`Attention` (GQA projections + RoPE), :func:`masked_attention`,
   :class:`KVCache` with :func:`cached_attention`, and the one statement of which SDPA backends masked attention
-  may use (:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`).
+  may use (:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`; cuDNN too inside captured steps:
+  :func:`fixed_shape_attention`).
 - :mod:`specdec.nn.rope`: :class:`RotaryEmbedding` (owns its ``inv_freq`` buffer), :func:`apply_rotary`.
 - :mod:`specdec.nn.linear`: :func:`zero_linear`, the ``nn.Linear`` every block uses: built without drawing from
   the global RNG (its owner initialises it from its own generator).
@@ -14,6 +15,7 @@ from .attention import (
     Attention,
     KVCache,
     cached_attention,
+    fixed_shape_attention,
     masked_attention,
     masked_sdpa_backends,
     masked_sdpa_kernel,
@@ -25,6 +27,7 @@ from .rope import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "AttendFn", "Attention", "KVCache", "cached_attention", "uncached_attention", "masked_attention",
-    "masked_sdpa_backends", "masked_sdpa_kernel", "DecoderConfig", "DecoderLayer", "FusedInputDecoderLayer",
+    "masked_sdpa_backends", "masked_sdpa_kernel", "fixed_shape_attention", "DecoderConfig", "DecoderLayer",
+    "FusedInputDecoderLayer",
     "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear",
 ]

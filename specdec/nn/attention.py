@@ -14,6 +14,8 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -36,36 +38,75 @@ __all__ = [
     "uncached_attention",
     "masked_sdpa_backends",
     "masked_sdpa_kernel",
+    "fixed_shape_attention",
 ]
 
 # attend(q, k, v) -> o with q [B, h, T, d], k/v [B, h_kv, T, d] (RoPE applied), o [B, h, T, d]
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def masked_sdpa_backends() -> list[SDPBackend]:
-    """The SDPA backends attention under a custom mask may use: flash, memory-efficient, math; never cuDNN.
+_FIXED_SHAPES = [0]  # > 0 inside fixed_shape_attention()
 
-    With a custom mask PyTorch may pick its cuDNN backend, which builds a new execution plan for every new
-    shape: about 13 ms of CPU per attention call, measured on an H200 with torch 2.11. Speculative decoding
-    changes the key length (and the tree width) every step, so every call would pay it. The memory-efficient
-    kernel takes arbitrary masks without a per-shape plan.
+
+@contextlib.contextmanager
+def fixed_shape_attention():
+    """Within the block, masked attention may use cuDNN's SDPA too, first (see :func:`masked_sdpa_backends`).
+
+    For code whose shapes never change after the block: :func:`specdec.graphs.capture_graph` wraps its warm-up
+    runs and its capture in it (a captured graph replays one shape, so cuDNN's per-shape plan is built once, at
+    capture, and compiled code traced there keeps the choice). Nested blocks are fine.
+
+    Example:
+        >>> with fixed_shape_attention():                                   # doctest: +SKIP
+        ...     graph = capture_graph(step, inputs)
+    """
+    _FIXED_SHAPES[0] += 1
+    try:
+        yield
+    finally:
+        _FIXED_SHAPES[0] -= 1
+
+
+def masked_sdpa_backends() -> list[SDPBackend]:
+    """The SDPA backends attention under a custom mask may use, in order of preference.
+
+    Outside :func:`fixed_shape_attention`: flash, memory-efficient, math; never cuDNN. With a custom mask PyTorch
+    may pick its cuDNN backend, which builds a new execution plan for every new shape: about 13 ms of CPU per
+    attention call, measured on an H200 with torch 2.11. Eager speculative decoding changes the key length (and
+    the tree width) every step, so every call would pay it. The memory-efficient kernel takes arbitrary masks
+    without a per-shape plan.
+
+    Inside :func:`fixed_shape_attention` (captured steps): cuDNN first, then the same three. For one query over a
+    few hundred keys the memory-efficient kernel is latency-bound (34 us per call on the H200 for the fixture's
+    plain step, against 6 us for cuDNN's), and a captured step's shape is fixed, so the plan is built once.
 
     Returns:
-        The allowed backends, in order of preference.
+        The allowed backends, in order of preference (applied by :func:`masked_sdpa_kernel`).
     """
-    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    if _FIXED_SHAPES[0]:
+        return [SDPBackend.CUDNN_ATTENTION, *backends]
+    return backends
+
+
+# Whether this torch's sdpa_kernel takes set_priority (the list's order as the order of preference); read once
+# here, outside any code dynamo traces.
+_TAKES_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
 def masked_sdpa_kernel():
-    """A context manager that restricts SDPA to :func:`masked_sdpa_backends` (for HF models too).
+    """A context manager that restricts SDPA to :func:`masked_sdpa_backends`, in their order (for HF models too).
 
     Returns:
-        ``torch.nn.attention.sdpa_kernel(masked_sdpa_backends())``.
+        ``torch.nn.attention.sdpa_kernel(masked_sdpa_backends(), set_priority=True)`` (without ``set_priority``
+        on a torch that lacks it).
 
     Example:
         >>> with masked_sdpa_kernel():                                   # doctest: +SKIP
         ...     out = model(input_ids=ids, attention_mask=mask4d)
     """
+    if _TAKES_PRIORITY:
+        return sdpa_kernel(masked_sdpa_backends(), set_priority=True)
     return sdpa_kernel(masked_sdpa_backends())
 
 

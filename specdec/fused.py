@@ -1,0 +1,324 @@
+"""A gpt-fast-style forward over an HF Llama-family model's own weights, for the fast path's captured steps.
+
+Compiled or not, HF's module code runs one kernel per projection: per layer three for ``q``/``k``/``v`` and two for
+``gate``/``up``, RoPE recomputed from the positions at every forward, and the hidden states recorded through hooks.
+:class:`FusedDecoder` runs the same arithmetic with the projections fused (one ``[q; k; v]`` and one ``[gate; up]``
+matrix per layer, as gpt-fast's ``wqkv``), RoPE read from a table made once, and the new keys/values written
+straight into :class:`~specdec.static.StaticAdapter`'s preallocated slots. It is what the static adapter calls on
+the fast path when the model is one it covers (:func:`fused_support`); any other model runs HF's modules there.
+
+Covered: ``llama``, ``mistral`` (no sliding window), ``qwen2`` and ``qwen3`` (per-head ``q_norm`` / ``k_norm``)
+with SiLU MLPs, plain ``nn.Linear`` projections (with or without biases) and a RoPE whose frequencies do not
+depend on the positions (default, linear, llama3, yarn...: HF's ``rotary_emb.inv_freq`` and
+``attention_scaling`` are read as they are). Attention is :func:`torch.nn.functional.scaled_dot_product_attention`
+under the adapter's additive mask, on :func:`~specdec.nn.masked_sdpa_backends` on CUDA, as HF's ``sdpa``.
+
+**Weights.** The fused matrices are copies (the model is never modified): per layer
+``(n_q + 2 n_kv) * head_dim * hidden + 2 * intermediate * hidden`` more elements, i.e. about the model's size again
+for a Llama (``fused=False`` on :class:`~specdec.static.StaticAdapter` avoids it). Every other tensor (embeddings,
+norms, ``o_proj``, ``down_proj``, ``lm_head``) is the model's own. :meth:`FusedDecoder.sync` re-copies the fused
+matrices in place when a source weight was updated in place since (its version counter moved); the static adapter
+calls it at every prefill, and builds a new decoder (and new graphs) when a parameter was replaced.
+
+The result equals HF's forward up to floating-point summation order (float32 greedy decoding is token-identical in
+the tests; the features are HF's ``hidden_states`` indices: 0 the embeddings, ``i`` the output of layer ``i - 1``,
+``L`` the final normed state).
+
+References:
+    gpt-fast (PyTorch Labs): fused ``wqkv``, a RoPE table, a static cache; Touvron et al., "Llama 2",
+    arXiv 2307.09288; Su et al., "RoFormer" (RoPE), arXiv 2104.09864.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .adapter import UnsupportedModelError
+from .nn.attention import masked_sdpa_kernel
+
+__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES"]
+
+#: HF ``model_type`` s whose decoder :class:`FusedDecoder` reproduces.
+FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def fused_support(model: nn.Module) -> str | None:
+    """Why :class:`FusedDecoder` cannot run ``model``, or ``None`` when it can.
+
+    Args:
+        model: an HF causal LM.
+
+    Returns:
+        A short reason, or ``None``.
+    """
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in FUSED_MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {FUSED_MODEL_TYPES}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"its MLP activation is {getattr(config, 'hidden_act', None)!r}, not 'silu'"
+    if getattr(config, "pretraining_tp", 1) not in (1, None):
+        return "it splits its projections (pretraining_tp > 1)"
+    body = getattr(model, "model", None)
+    layers = getattr(body, "layers", None)
+    head = getattr(model, "lm_head", None)
+    rotary = getattr(body, "rotary_emb", None)
+    if layers is None or type(head) is not nn.Linear or not hasattr(rotary, "inv_freq"):
+        return "it does not have the Llama layout (model.layers, model.rotary_emb.inv_freq, lm_head)"
+    if getattr(config, "num_hidden_layers", len(layers)) != len(layers):
+        return "it runs a subset of its layers"
+    for i, layer in enumerate(layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = [(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        names += [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
+        for owner, name in names:
+            lin = getattr(owner, name, None)
+            if type(lin) is not nn.Linear or hasattr(lin, "_hf_hook"):
+                return f"layer {i}'s {name} is not a plain nn.Linear (quantized, offloaded or replaced)"
+        if hasattr(layer, "_hf_hook") or hasattr(attn, "_hf_hook"):
+            return f"layer {i} carries an accelerate hook (offloaded)"
+    if hasattr(model, "_hf_hook") or hasattr(body, "_hf_hook"):
+        return "it carries an accelerate hook (offloaded)"
+    return None
+
+
+class _Layer(NamedTuple):
+    """One decoder layer's tensors (``None``: absent bias or norm)."""
+
+    ln1: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    ln2: torch.Tensor
+    wgu: torch.Tensor
+    bgu: torch.Tensor | None
+    wd: torch.Tensor
+    bd: torch.Tensor | None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's ``LlamaRMSNorm``: normalise in float32, cast back, then scale."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``[B, h, M, d]`` with ``cos``/``sin`` ``[B, 1, M, d]`` (HF's half-split convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class FusedDecoder:
+    """A Llama-family HF causal LM's forward with fused projections, over preallocated key/value slots.
+
+    Args:
+        model: a model :func:`fused_support` accepts (float weights on one device).
+        max_positions: rows of the RoPE table (every position id must be below it).
+
+    Raises:
+        UnsupportedModelError: :func:`fused_support` names why.
+
+    Example:
+        >>> dec = FusedDecoder(model, max_positions=1024)                                  # doctest: +SKIP
+        >>> logits, feats = dec(tokens, positions, mask, slots, cache.layers, (2, 6))      # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, max_positions: int):
+        reason = fused_support(model)
+        if reason is not None:
+            raise UnsupportedModelError(f"{type(model).__name__} cannot run on the fused decoder: {reason}; "
+                                        f"use StaticAdapter(..., fused=False) (HF's own modules)")
+        body, config = model.model, model.config
+        attn0 = body.layers[0].self_attn
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = attn0.head_dim
+        self.scaling = getattr(attn0, "scaling", self.head_dim ** -0.5)
+        self._sources: list[tuple[tuple[nn.Module, str], ...]] = []  # per fused matrix: its source weights
+        self._fused: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._seen: list[tuple[int, ...]] = []  # versions of the sources when last copied
+        layers = []
+        for layer in body.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            wqkv, bqkv = self._fuse((attn.q_proj, attn.k_proj, attn.v_proj))
+            wgu, bgu = self._fuse((mlp.gate_proj, mlp.up_proj))
+            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+            layers.append(_Layer(
+                ln1=layer.input_layernorm.weight, wqkv=wqkv, bqkv=bqkv,
+                q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
+                wo=attn.o_proj.weight, bo=attn.o_proj.bias, ln2=layer.post_attention_layernorm.weight,
+                wgu=wgu, bgu=bgu, wd=mlp.down_proj.weight, bd=mlp.down_proj.bias))
+        self.layers = layers
+        self.eps = [(layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon)
+                    for layer in body.layers]
+        q_norm = getattr(attn0, "q_norm", None)
+        self.qk_eps = getattr(q_norm, "variance_epsilon", 1e-6)
+        self.embed = body.embed_tokens.weight
+        self.norm, self.norm_eps = body.norm.weight, body.norm.variance_epsilon
+        self.head_w, self.head_b = model.lm_head.weight, model.lm_head.bias
+        self.cos, self.sin = self._rope_table(body.rotary_emb, max_positions)
+
+    # ------------------------------------------------------------------ weights
+    def _fuse(self, linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[W_1; W_2; ...]`` (and the biases) as one new tensor; remembered for :meth:`sync`."""
+        with torch.no_grad():
+            weight = torch.cat([lin.weight for lin in linears], 0)
+            biases = [lin.bias for lin in linears]
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([b if b is not None else lin.weight.new_zeros(lin.out_features)
+                                  for b, lin in zip(biases, linears)], 0)
+        self._sources.append(tuple(linears))
+        self._fused.append((weight, bias))
+        self._seen.append(self._versions(linears))
+        return weight, bias
+
+    @staticmethod
+    def _versions(linears: Sequence[nn.Linear]) -> tuple[int, ...]:
+        return tuple(t._version for lin in linears for t in (lin.weight, lin.bias) if t is not None)
+
+    def sync(self) -> None:
+        """Bring the fused copies up to date with the model's weights, in place.
+
+        Weights updated in place (their version counters moved: optimizer steps, ``load_state_dict``, ``copy_``)
+        are copied again into the same fused tensors, so graphs captured on them stay valid. Writes through
+        ``.data`` bypass the version counter and are not seen. A parameter *replaced* by another tensor is not
+        this method's business: the decoder keeps reading the old one, so build a new decoder (the static adapter
+        does, comparing the parameters' ids).
+        """
+        with torch.no_grad():
+            for i, (linears, (weight, bias)) in enumerate(zip(self._sources, self._fused)):
+                versions = self._versions(linears)
+                if versions == self._seen[i]:
+                    continue
+                torch.cat([lin.weight for lin in linears], 0, out=weight)
+                if bias is not None:
+                    torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                               for lin in linears], 0, out=bias)
+                self._seen[i] = self._versions(linears)
+
+    def _rope_table(self, rotary: nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``/``sin`` ``[length, head_dim]`` in the model's dtype, computed as HF's rotary embedding does."""
+        inv_freq = rotary.inv_freq.to(device=self.embed.device, dtype=torch.float32)
+        positions = torch.arange(length, device=self.embed.device, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scale = getattr(rotary, "attention_scaling", 1.0)
+        dtype = self.embed.dtype
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+    @staticmethod
+    def cache_shapes(model: nn.Module, batch: int, capacity: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """``((batch, kv_heads, capacity, head_dim), dtype)`` per layer: the key/value tensors this decoder
+        writes (as :func:`specdec.static.slot_cache` takes them)."""
+        config, attn = model.config, model.model.layers[0].self_attn
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dtype = attn.k_proj.weight.dtype
+        return [((batch, kv_heads, capacity, attn.head_dim), dtype)] * len(model.model.layers)
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, cache: Sequence, feature_layers: Sequence[int] = (),
+                *, all_valid: bool = False, last_only: bool = True) -> tuple[torch.Tensor, tuple]:
+        """The prompt's pass: causal attention among its ``T`` tokens, keys/values written at slots ``0..T-1``.
+
+        Args:
+            tokens: Shape ``[B, T]`` int64, left-padded prompts.
+            valid: Shape ``[B, T]`` bool, real tokens (positions count them: ``cumsum - 1``).
+            cache: as in :meth:`__call__` (``S >= T`` slots).
+            feature_layers: HF ``hidden_states`` indices to return (every position).
+            all_valid: no padding (plain causal attention, no mask tensor).
+            last_only: logits of the last position only.
+
+        Returns:
+            ``(logits [B, 1 or T, V], features)``, features ``[B, T, H]`` each (padding positions hold values that
+            must not be read).
+        """
+        T = tokens.shape[1]
+        positions = (valid.long().cumsum(1) - 1).clamp_(min=0)
+        mask = None
+        if not all_valid:  # a query sees the valid keys up to itself, and itself (padding rows stay finite)
+            causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril_()
+            seen = (causal[None] & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=tokens.device)
+            dtype = self.embed.dtype
+            mask = torch.zeros(seen.shape, dtype=dtype, device=tokens.device).masked_fill_(
+                ~seen, torch.finfo(dtype).min)[:, None]
+        slots = torch.arange(T, device=tokens.device)
+        if tokens.is_cuda:
+            with masked_sdpa_kernel():
+                return self._forward(tokens, positions, mask, slots, cache, feature_layers, kv_len=T,
+                                     last_only=last_only)
+        return self._forward(tokens, positions, mask, slots, cache, feature_layers, kv_len=T, last_only=last_only)
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
+                 cache: Sequence, feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, tuple]:
+        """One forward of ``M`` tokens per row, their keys/values written at ``slots`` of every layer's cache.
+
+        Args:
+            tokens: Shape ``[B, M]`` int64.
+            positions: Shape ``[B, M]`` int64, RoPE positions (below ``max_positions``).
+            mask: Shape ``[B, 1, M, S]``, additive (0 = may attend, dtype min = hidden), in the model's dtype.
+            slots: Shape ``[M]`` int64, where the ``M`` new keys/values go (the same for every row).
+            cache: one object per layer with ``keys`` / ``values`` ``[B, kv_heads, S, head_dim]`` (written in
+                place), e.g. :func:`specdec.static.slot_cache`'s ``layers``.
+            feature_layers: HF ``hidden_states`` indices to return.
+
+        Returns:
+            ``(logits [B, M, V], features)``: one ``[B, M, H]`` tensor per feature layer, in order.
+        """
+        if tokens.is_cuda:
+            with masked_sdpa_kernel():
+                return self._forward(tokens, positions, mask, slots, cache, feature_layers)
+        return self._forward(tokens, positions, mask, slots, cache, feature_layers)
+
+    def _forward(self, tokens, positions, mask, slots, cache, feature_layers, *, kv_len: int | None = None,
+                 last_only: bool = False):
+        """The layers; ``kv_len``: attend to the first ``kv_len`` slots only (``mask=None``: causally)."""
+        B, M = tokens.shape
+        nh, nk, d = self.heads, self.kv_heads, self.head_dim
+        sizes = (nh * d, nk * d, nk * d)
+        h = F.embedding(tokens, self.embed)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B, 1, M, d]
+        n = len(self.layers)
+        want = set(feature_layers)
+        found = {0: h} if 0 in want else {}
+        for i, (lay, (eps1, eps2), kv) in enumerate(zip(self.layers, self.eps, cache)):
+            x = _rms(h, lay.ln1, eps1)
+            q, k, v = F.linear(x, lay.wqkv, lay.bqkv).split(sizes, dim=-1)
+            q, k, v = q.view(B, M, nh, d), k.view(B, M, nk, d), v.view(B, M, nk, d)
+            if lay.q_norm is not None:
+                q, k = _rms(q, lay.q_norm, self.qk_eps), _rms(k, lay.k_norm, self.qk_eps)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            kv.keys.index_copy_(2, slots, k.to(kv.keys.dtype))
+            kv.values.index_copy_(2, slots, v.to(kv.values.dtype))
+            keys, values = kv.keys, kv.values
+            if kv_len is not None:
+                keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
+            if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
+                S = keys.shape[2]
+                keys = keys[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
+                values = values[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                               scale=self.scaling)
+            h = h + F.linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo)
+            gate, up = F.linear(_rms(h, lay.ln2, eps2), lay.wgu, lay.bgu).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, lay.wd, lay.bd)
+            if i + 1 in want and i + 1 < n:
+                found[i + 1] = h
+        h = _rms(h, self.norm, self.norm_eps)
+        if n in want:
+            found[n] = h
+        logits = F.linear(h[:, -1:] if last_only else h, self.head_w, self.head_b)
+        return logits, tuple(found[i] for i in feature_layers)
