@@ -104,18 +104,16 @@ class _Layer(NamedTuple):
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's ``LlamaRMSNorm``: normalise in float32, cast back, then scale."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    """HF's ``LlamaRMSNorm``: normalise in float32, cast back, then scale (``F.rms_norm``: one kernel where torch
+    has a fused one)."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``[B, h, M, d]`` with ``cos``/``sin`` ``[B, 1, M, d]`` (HF's half-split convention)."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE (HF's half-split convention) on ``[..., d]``: ``x cos + rotate_half(x) sin``, written as
+    ``x cos + [x_2, x_1] [-sin_1, sin_2]`` (the sign lives in the table: one kernel fewer)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin_signed)
 
 
 class FusedDecoder:
@@ -208,14 +206,17 @@ class FusedDecoder:
                 self._seen[i] = self._versions(linears)
 
     def _rope_table(self, rotary: nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos``/``sin`` ``[length, head_dim]`` in the model's dtype, computed as HF's rotary embedding does."""
+        """``cos``/``sin`` ``[length, head_dim]`` in the model's dtype, computed as HF's rotary embedding does; the
+        first half of ``sin`` negated (see :func:`_rotate`)."""
         inv_freq = rotary.inv_freq.to(device=self.embed.device, dtype=torch.float32)
         positions = torch.arange(length, device=self.embed.device, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         scale = getattr(rotary, "attention_scaling", 1.0)
         dtype = self.embed.dtype
-        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+        sin = (emb.sin() * scale).to(dtype)
+        half = sin.shape[-1] // 2
+        return (emb.cos() * scale).to(dtype), torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     @staticmethod
     def cache_shapes(model: nn.Module, batch: int, capacity: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -287,20 +288,19 @@ class FusedDecoder:
         """The layers; ``kv_len``: attend to the first ``kv_len`` slots only (``mask=None``: causally)."""
         B, M = tokens.shape
         nh, nk, d = self.heads, self.kv_heads, self.head_dim
-        sizes = (nh * d, nk * d, nk * d)
         h = F.embedding(tokens, self.embed)
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B, 1, M, d]
+        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)  # [B, M, 1, d]
         n = len(self.layers)
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}
         for i, (lay, (eps1, eps2), kv) in enumerate(zip(self.layers, self.eps, cache)):
-            x = _rms(h, lay.ln1, eps1)
-            q, k, v = F.linear(x, lay.wqkv, lay.bqkv).split(sizes, dim=-1)
-            q, k, v = q.view(B, M, nh, d), k.view(B, M, nk, d), v.view(B, M, nk, d)
-            if lay.q_norm is not None:
-                q, k = _rms(q, lay.q_norm, self.qk_eps), _rms(k, lay.k_norm, self.qk_eps)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            qkv = F.linear(_rms(h, lay.ln1, eps1), lay.wqkv, lay.bqkv).view(B, M, nh + 2 * nk, d)
+            qk, v = qkv[:, :, :nh + nk], qkv[:, :, nh + nk:]
+            if lay.q_norm is not None:  # Qwen3: per-head norms of q and k before RoPE
+                qk = torch.cat((_rms(qk[:, :, :nh], lay.q_norm, self.qk_eps),
+                                _rms(qk[:, :, nh:], lay.k_norm, self.qk_eps)), dim=2)
+            qk = _rotate(qk, cos, sin)  # q and k heads together
+            q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), v.transpose(1, 2)
             kv.keys.index_copy_(2, slots, k.to(kv.keys.dtype))
             kv.values.index_copy_(2, slots, v.to(kv.values.dtype))
             keys, values = kv.keys, kv.values
