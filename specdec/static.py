@@ -334,6 +334,7 @@ class _Buffers(NamedTuple):
     consts: dict           # constant tensors of this batch size (padding parents, empty pending), made once
     plain: _Plain          # the plain step's forward
     ends: torch.Tensor     # [B] int64, each row's end after late commits (StaticCacheState.ends)
+    dtype: torch.dtype     # the cache's (= the model's) dtype, of the masks (read once: model.dtype walks params)
 
 
 class _Store:
@@ -349,7 +350,7 @@ class _Store:
         self.buffers: _Buffers | None = None
         self.live: _Ticket | None = None  # the ticket of the newest state on these buffers: a prefill spends it
         self.fused = None                 # the FusedDecoder the graphs were captured on (None: HF's modules)
-        self.params: tuple[int, ...] = ()  # ids of the model's parameters when the graphs were captured
+        self.params: tuple = ()           # the model's parameters (id, address, dtype) when the graphs were captured
 
 
 def static_support(model: nn.Module) -> str | None:
@@ -496,7 +497,8 @@ class StaticAdapter:
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
-                                       plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device))
+                                       plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device),
+                                       dtype=shapes[0][1])
         return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
@@ -633,8 +635,8 @@ class StaticAdapter:
             device = tokens.device
             tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
             pos_s = torch.zeros(B, size, dtype=torch.long, device=device)
-            mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(self.model.dtype).min,
-                                dtype=self.model.dtype, device=device)
+            mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(buf.dtype).min,
+                                dtype=buf.dtype, device=device)
             slot_s = torch.zeros(size, dtype=torch.long, device=device)
             tok_m, pos_m = tok_s[:, :M], pos_s[:, :M]
         tok_m.copy_(tokens)
@@ -647,11 +649,11 @@ class StaticAdapter:
         else:
             all_parents = torch.cat([state.pending_parents, parents], 1)
         end = start + size
-        tree_mask(state.committed_valid, all_parents, present, self.model.dtype, out=mask_s[:, :, :, :end])
+        tree_mask(state.committed_valid, all_parents, present, buf.dtype, out=mask_s[:, :, :, :end])
         # Columns past `end` must hide their (free) slots; they were written only by an earlier, wider forward.
         high = buf.high_water.get(size, 0) if runner is not None else 0
         if high > end:
-            mask_s[:, :, :, end:high].fill_(torch.finfo(self.model.dtype).min)
+            mask_s[:, :, :, end:high].fill_(torch.finfo(buf.dtype).min)
         if size <= buf.arange.shape[0]:
             torch.add(self._const(buf, ("arange", size), lambda: buf.arange[:size]), start, out=slot_s)
         else:
@@ -677,7 +679,7 @@ class StaticAdapter:
         """
         B, Lc = tokens.shape[0], state.committed
         self._check_room(state, 1, 1)
-        plain, dtype = buf.plain, self.model.dtype
+        plain, dtype = buf.plain, buf.dtype
         runner = plain.runner
         if runner is None:
             device = tokens.device
@@ -875,9 +877,10 @@ class StaticAdapter:
                               pending_present=empty_bool, ticket=self._issue(), ends=ends, mark=mark)
 
 
-def _param_ids(model: nn.Module) -> tuple[int, ...]:
-    """The ids of ``model``'s parameter tensors (a parameter replaced by another tensor changes them)."""
-    return tuple(id(p) for p in model.parameters())
+def _param_ids(model: nn.Module) -> tuple:
+    """Each parameter's id, storage address and dtype: a parameter replaced by another tensor, or moved / cast
+    (``model.to(...)`` swaps ``.data``), changes them, and graphs captured on the old memory must not replay."""
+    return tuple((id(p), p.data_ptr(), p.dtype) for p in model.parameters())
 
 
 def _replay(runner: CapturedStep):

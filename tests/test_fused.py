@@ -95,6 +95,12 @@ def test_weights_changed_in_place_or_replaced_are_seen_at_the_next_prefill():
     replaced = _prefill_then_tree(fast, model, ids)
     assert fast._store.fused is not decoder
     torch.testing.assert_close(replaced, _prefill_then_tree(eager, model, ids), atol=2e-5, rtol=1e-5)
+    decoder = fast._store.fused  # new memory behind the same parameter object (no version bump): rebuilt too
+    attn = model.model.layers[0].self_attn
+    attn.v_proj.weight.data = attn.v_proj.weight.data * -1.0
+    swapped = _prefill_then_tree(fast, model, ids)
+    assert fast._store.fused is not decoder
+    torch.testing.assert_close(swapped, _prefill_then_tree(eager, model, ids), atol=2e-5, rtol=1e-5)
 
 
 def test_the_fused_path_does_not_modify_the_model():
