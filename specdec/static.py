@@ -70,10 +70,14 @@ from .kernels import compact_kv, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter",
-           "fast_mode", "use_fused"]
+           "fast_mode", "use_fused", "PREFILL_GRAPHS"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+#: Prompt shapes whose fused prefill is kept captured (the most recent ones); a shape is captured when it comes
+#: back (its second prefill), so workloads of all-different prompt lengths never pay a capture.
+PREFILL_GRAPHS = 4
 
 
 _FUSED_DEFAULT: list[bool | None] = [None]
@@ -335,6 +339,8 @@ class _Buffers(NamedTuple):
     plain: _Plain          # the plain step's forward
     ends: torch.Tensor     # [B] int64, each row's end after late commits (StaticCacheState.ends)
     dtype: torch.dtype     # the cache's (= the model's) dtype, of the masks (read once: model.dtype walks params)
+    prefills: dict         # (B, T, all_valid, last_only) -> CapturedStep of the fused prefill (at most PREFILL_GRAPHS)
+    seen: dict             # (B, T, all_valid, last_only) -> prefills of that shape run so far
 
 
 class _Store:
@@ -498,7 +504,7 @@ class StaticAdapter:
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
                                        plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device),
-                                       dtype=shapes[0][1])
+                                       dtype=shapes[0][1], prefills={}, seen={})
         return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
@@ -553,7 +559,8 @@ class StaticAdapter:
         """Run the prompt eagerly and keep its keys/values in the static cache.
 
         With the fused decoder (:attr:`fused`), its :meth:`~specdec.fused.FusedDecoder.prefill` writes them in
-        place (causal attention over the prompt, one eager pass of fused kernels); otherwise HF's own pass (as
+        place (causal attention over the prompt); a prompt shape (batch, length, padding or not) met before runs
+        as a captured graph (:data:`PREFILL_GRAPHS` shapes kept), a new one eagerly. Otherwise HF's own pass (as
         :meth:`ModelAdapter.prefill`) runs on a ``DynamicCache`` that is copied in.
 
         Args:
@@ -579,9 +586,8 @@ class StaticAdapter:
             valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
             all_valid = attention_mask is None or bool(valid.all())  # host sync, once per prompt (as ModelAdapter)
             buf = self._ensure_buffers(FusedDecoder.cache_shapes(self.model, B, self.capacity), B, input_ids.device)
-            logits, feats = self._store.fused.prefill(input_ids, valid, buf.cache.layers, self.feature_layers,
-                                                      all_valid=all_valid, last_only=last_logits_only)
-            out, lengths = ForwardOutput(logits=logits, features=feats), valid.sum(1)
+            logits, feats = self._fused_prefill(buf, input_ids, valid, all_valid, last_logits_only)
+            out, lengths = ForwardOutput(logits=logits, features=tuple(feats)), valid.sum(1)
         else:  # HF's own pass on a DynamicCache, copied into the static tensors
             out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
             buf = self._ensure_buffers(self._cache_shapes(dyn.cache, B), B, input_ids.device)
@@ -594,6 +600,30 @@ class StaticAdapter:
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
         return out, StaticCacheState(valid=buf.valid, committed=T, lengths=lengths, pending_parents=empty,
                                      pending_present=empty.bool(), ticket=self._issue())
+
+    def _fused_prefill(self, buf: _Buffers, tokens: torch.Tensor, valid: torch.Tensor, all_valid: bool,
+                       last_only: bool):
+        """The fused decoder's prefill; captured (a CUDA graph; eager :func:`capture_graph_ref` elsewhere) for a
+        prompt shape met before, among the :data:`PREFILL_GRAPHS` most recent ones. Returns ``(logits, features)``.
+        """
+        fused, layers, features = self._store.fused, buf.cache.layers, self.feature_layers
+
+        def run(tokens, valid):
+            return fused.prefill(tokens, valid, layers, features, all_valid=all_valid, last_only=last_only)
+
+        key = (*tokens.shape, all_valid, last_only)
+        runner = buf.prefills.get(key)
+        if runner is None:
+            buf.seen[key] = buf.seen.get(key, 0) + 1
+            if buf.seen[key] < 2:  # a shape met once runs eagerly
+                return run(tokens, valid)
+            if len(buf.prefills) >= PREFILL_GRAPHS:  # drop the oldest (its graph memory goes with it)
+                buf.prefills.pop(next(iter(buf.prefills)))
+            capture = capture_graph if tokens.is_cuda else functools.partial(capture_graph_ref, warmup=0)
+            runner = buf.prefills[key] = capture(run, (tokens, valid))
+        else:  # most recent last
+            buf.prefills[key] = buf.prefills.pop(key)
+        return runner(tokens, valid)
 
     def _issue(self) -> _Ticket:
         self._store.live = _Ticket()

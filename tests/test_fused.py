@@ -64,13 +64,13 @@ def test_a_replaced_projection_is_refused():
         StaticAdapter(tiny_model("llama"), capacity=64, fused="yes")
 
 
-def _prefill_then_tree(adapter, model, ids):
+def _prefill_then_tree(adapter, model, ids, mask=None):
     """Prefill, then one 3-node chain forward; returns its logits."""
-    _, state = adapter.prefill(ids)
-    T = ids.shape[1]
-    tokens = torch.tensor([[5, 6, 7]]).expand(ids.shape[0], 3)
-    parents = torch.tensor([[-1, 0, 1]]).expand(ids.shape[0], 3)
-    positions = torch.arange(T, T + 3)[None].expand(ids.shape[0], 3)
+    _, state = adapter.prefill(ids, mask)
+    dev = ids.device
+    tokens = torch.tensor([[5, 6, 7]], device=dev).expand(ids.shape[0], 3)
+    parents = torch.tensor([[-1, 0, 1]], device=dev).expand(ids.shape[0], 3)
+    positions = state.lengths[:, None] + torch.arange(3, device=dev)
     out, _ = adapter.forward(state, tokens, parents, positions)
     return out.logits
 
@@ -182,3 +182,28 @@ def test_the_fused_prefill_equals_hf_at_every_real_position(padded):
         torch.testing.assert_close(mine * real, theirs * real, atol=2e-6, rtol=1e-5)
     last, _ = dec.prefill(tokens, mask.bool(), cache.layers, all_valid=not padded)
     torch.testing.assert_close(last, ref.logits[:, -1:], atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_a_prompt_shape_met_again_is_prefilled_by_its_captured_graph_with_the_same_results(device):
+    from specdec.static import PREFILL_GRAPHS
+
+    model = tiny_model("llama").to(device)
+    eager = ModelAdapter(model, (0, 2))
+    fast = StaticAdapter(model, (0, 2), capacity=capacity_for(12, 8, 16), buckets=(1, 4))
+    g = torch.Generator().manual_seed(5)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0
+    for call in range(3):  # eager, captured, replayed; a different prompt each time
+        ids = torch.randint(1, VOCAB, (2, 12), generator=g)
+        ref = _prefill_then_tree(eager, model, ids.to(device), mask.to(device))
+        got = _prefill_then_tree(fast, model, ids.to(device), mask.to(device))
+        assert len(fast._store.buffers.prefills) == (0 if call == 0 else 1)
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+    for T in range(13, 13 + PREFILL_GRAPHS + 1):  # more shapes than kept: the oldest graphs go
+        ids = torch.randint(1, VOCAB, (2, T), generator=g).to(device)
+        for _ in range(2):
+            torch.testing.assert_close(_prefill_then_tree(fast, model, ids), _prefill_then_tree(eager, model, ids),
+                                       atol=2e-5, rtol=1e-5)
+    assert len(fast._store.buffers.prefills) == PREFILL_GRAPHS
