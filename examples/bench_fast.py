@@ -64,6 +64,18 @@ class Run(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
+def add_fixture_args(ap, num_prompts: int) -> None:
+    """The fixture arguments the fast-path scripts share: ``--target --data --eagle3 --gptfast --num-prompts
+    --prompt-tokens --max-new-tokens`` (the anchor's 256-token prompts and 128 new tokens by default)."""
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--eagle3", default=None, help="EAGLE-3 head folder")
+    ap.add_argument("--gptfast", default=None, help="anchors folder holding gptfast/ (gpt-fast vanilla row)")
+    ap.add_argument("--num-prompts", type=int, default=num_prompts)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+
+
 def load_prompts(path: str, tokenizer, count: int, length: int, device) -> list[torch.Tensor]:
     """The first ``count`` prompts of a JSONL file, each cut to its last ``length`` tokens; shorter ones skipped.
 

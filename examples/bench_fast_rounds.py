@@ -132,14 +132,8 @@ def warm(name: str, run, prompts, report: dict, target, args) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--eagle3", default=None, help="EAGLE-3 head folder")
-    ap.add_argument("--gptfast", default=None, help="anchors folder holding gptfast/")
+    bench_fast.add_fixture_args(ap, num_prompts=6)
     ap.add_argument("--mode", default="compile", choices=["graphs", "compile"])
-    ap.add_argument("--num-prompts", type=int, default=6)
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="kernel profiles (plain replay, EAGLE-3 step, gpt-fast)")
     ap.add_argument("--out", default="runs/rounds")

@@ -104,20 +104,14 @@ def measure_mode(args, mode: str, dec: str, target, head, draft, prompts, done) 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--eagle3", default=None, help="EAGLE-3 head folder")
+    bench_fast.add_fixture_args(ap, num_prompts=4)
     ap.add_argument("--draft", default=None, help="draft model folder (SpS rows)")
     ap.add_argument("--draft-k", type=int, default=6)
-    ap.add_argument("--gptfast", default=None, help="anchors folder holding gptfast/ (gpt-fast vanilla row)")
     ap.add_argument("--modes", nargs="+", default=["graphs", "compile"], choices=["graphs", "compile"])
     ap.add_argument("--decoders", nargs="+", default=["fused"], choices=["fused", "hf"],
                     help="the target's forward on the fast path: the fused decoder and/or HF's modules")
     ap.add_argument("--hf-modes", nargs="+", default=None, choices=["graphs", "compile"],
                     help="modes for --decoders hf (default: --modes)")
-    ap.add_argument("--num-prompts", type=int, default=4)
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--phases", action="store_true", help="EAGLE-3 phases with kernels vs torch references")
     ap.add_argument("--out", default="runs/anatomy")
     args = ap.parse_args(argv)
