@@ -14,7 +14,7 @@ Example (H200)::
     python examples/bench_fast_rounds.py --target pycoder-18m --data pycode-heldout.jsonl --eagle3 heads/e3 \\
         --gptfast anchors --num-prompts 6 --rounds 3 --profile --out runs/rounds
 
-Writes ``rounds.json`` to ``--out`` and prints a short table last.
+Writes ``rounds.json`` and ``rounds.png`` (median and rounds per method) to ``--out`` and prints a short table last.
 """
 from __future__ import annotations
 
@@ -118,6 +118,38 @@ def profile_method(name: str, run, target, prompts, args) -> tuple[str, dict]:
     return "gpt-fast (per token)", profile_kernels(lambda: run(prompts[0]), args.max_new_tokens)
 
 
+def plot_rounds(panels: dict[str, dict[str, list[float]]], path: str, title: str = "") -> None:
+    """One panel per run: per method, a bar at the median tokens/s and a dot per round (gpt-fast in red).
+
+    Args:
+        panels: run label -> method -> tokens/s of each round.
+        path: the PNG to write.
+        title: the figure's title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.2), squeeze=False, sharex=True)
+    for ax, (label, methods) in zip(axes[0], panels.items()):
+        names = list(methods)
+        for i, name in enumerate(names):
+            values = methods[name]
+            color = "#C44E52" if name.startswith("gpt-fast") else "#4C72B0"
+            ax.barh(i, statistics.median(values), color=color, alpha=0.6)
+            ax.plot(values, [i] * len(values), "o", color="black", markersize=3)
+            ax.text(statistics.median(values), i, f" {statistics.median(values):.0f}", va="center", fontsize=8)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens/s (whole generate calls)")
+        ax.set_title(label, fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def warm(name: str, run, prompts, report: dict, target, args) -> None:
     """Run ``run`` once on every prompt (compiling, capturing), then profile it when ``--profile``."""
     t0 = time.perf_counter()
@@ -176,6 +208,9 @@ def main(argv=None) -> dict:
                                 for name, v in med.items() if name != "gpt-fast vanilla"}
     with open(os.path.join(args.out, "rounds.json"), "w") as f:
         json.dump(report, f, indent=1)
+    plot_rounds({f"{report['device']}, {len(prompts)} prompts": {
+        name: [r["tokens_per_s"] for r in rows] for name, rows in rounds.items()}},
+        os.path.join(args.out, "rounds.png"), "the fast path beside gpt-fast, alternating rounds")
     print(f"\n{'method':<32} {'rounds (tokens/s)':<28} {'median':>8} {'x gpt-fast':>10}")
     for name, rows in rounds.items():
         ratio = report.get("vs_gptfast", {}).get(name, {}).get("tokens_per_s_ratio", float("nan"))

@@ -35,3 +35,12 @@ def test_without_cuda_it_says_where_to_run_it():
 
     with pytest.raises(SystemExit, match="GPU machine"):
         br.main(["--target", "t", "--data", "d"])
+
+
+def test_the_rounds_plot_is_written(tmp_path):
+    import bench_fast_rounds as br
+
+    path = tmp_path / "rounds.png"
+    br.plot_rounds({"run A": {"specdec plain": [10.0, 12.0, 11.0], "gpt-fast vanilla": [9.0, 9.5, 8.0]},
+                    "run B": {"specdec plain": [20.0, 21.0, 19.0]}}, str(path), "title")
+    assert path.stat().st_size > 1000
