@@ -105,7 +105,8 @@ def counting(counter: OpCounter) -> Iterator[OpCounter]:
     swaps = [(specdec.static, "capture_graph_ref", lambda fn, inputs, warmup=0:
               _flagged_capture(counter, "target graph")(fn, inputs)),
              (specdec.static, "tree_mask", _kernel(counter, "tree_mask", specdec.static.tree_mask)),
-             (specdec.static, "compact_kv", _kernel(counter, "compact_kv", specdec.static.compact_kv)),
+             (specdec.kernels.KVCompactPlan, "__call__",  # the static cache's compact_kv
+              _kernel(counter, "compact_kv", specdec.kernels.KVCompactPlan.__call__)),
              (specdec.kernels, "verify_greedy", _kernel(counter, "verify_greedy", specdec.kernels.verify_greedy)),
              (specdec.kernels, "emitted_tokens", _kernel(counter, "emitted_tokens", specdec.kernels.emitted_tokens)),
              (specdec.step, "accepted_feedback", _kernel(counter, "accepted_feedback",

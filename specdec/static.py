@@ -66,7 +66,7 @@ from torch import nn
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .fused import FusedDecoder, fused_support
 from .graphs import BoundMark, CapturedStep, capture_graph, capture_graph_ref, mark_bound, settle_bound
-from .kernels import compact_kv, tree_mask
+from .kernels import KVCompactPlan, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter",
@@ -340,6 +340,7 @@ class _Buffers(NamedTuple):
     ends: torch.Tensor     # [B] int64, each row's end after late commits (StaticCacheState.ends)
     dtype: torch.dtype     # the cache's (= the model's) dtype, of the masks (read once: model.dtype walks params)
     prefills: dict         # (B, T, all_valid, last_only) -> CapturedStep of the fused prefill (at most PREFILL_GRAPHS)
+    compact: KVCompactPlan  # compact_kv in place over these very tensors, checked and grouped once
     seen: dict             # (B, T, all_valid, last_only) -> prefills of that shape run so far
 
 
@@ -504,7 +505,9 @@ class StaticAdapter:
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
                                        plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device),
-                                       dtype=shapes[0][1], prefills={}, seen={})
+                                       dtype=shapes[0][1], prefills={}, seen={},
+                                       compact=KVCompactPlan([la.keys for la in cache.layers],
+                                                             [la.values for la in cache.layers]))
         return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
@@ -865,10 +868,7 @@ class StaticAdapter:
         if late:
             return self._commit_late(buf, state, keep, counts)
         if A:
-            layers = buf.cache.layers
-            # In place: the captured graphs read these very tensors.
-            compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True,
-                       prefix=prefix)
+            buf.compact(keep, counts, Lc, prefix=prefix)  # in place: the captured graphs read these very tensors
             if A <= buf.arange.shape[0]:
                 columns = self._const(buf, ("columns", A), lambda: buf.arange[None, :A])
             else:
@@ -890,9 +890,7 @@ class StaticAdapter:
         if state.ends is None:
             ends.fill_(Lc)
         if A:
-            layers = buf.cache.layers
-            compact_kv([la.keys for la in layers], [la.values for la in layers], keep, counts, Lc, inplace=True,
-                       dest=ends)
+            buf.compact(keep, counts, Lc, dest=ends)
             columns = self._const(buf, ("columns", A), lambda: torch.arange(A, device=keep.device)[None, :])
             # The row's A slots from its end: the kept ones valid, the rest not (nothing past an end is valid).
             buf.valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])

@@ -23,6 +23,7 @@ from tiny_models import tiny_model
 import specdec as sd
 from specdec.adapter import CacheState, ModelAdapter
 from specdec.kernels import (
+    KVCompactPlan,
     _dispatch,
     accepted_feedback,
     accepted_feedback_ref,
@@ -469,6 +470,35 @@ def test_compact_kv_per_row_destinations(layers, batch, heads, committed, pendin
 
 
 @needs_kernels
+@needs_kernels
+@pytest.mark.parametrize("with_dest", [False, True], ids=["at_Lc", "per_row_dest"])
+@pytest.mark.parametrize("layers,batch,heads,committed,pending,width,head_dim,dtype,strided", KV_CASES)
+def test_a_compaction_plan_moves_what_compact_kv_moves(layers, batch, heads, committed, pending, width, head_dim,
+                                                       dtype, strided, with_dest):
+    # The static cache's plan (checked and grouped once) against compact_kv_ref in place, with both dispatches.
+    keys, values = cache_tensors(committed + pending + 2, layers, batch, heads, committed + pending, head_dim, dtype,
+                                 strided)
+    keep, counts = accepted_paths(width + 2, batch, pending, width)
+    dest = None
+    if with_dest:
+        dest = torch.randint(0, committed + 1, (batch,), generator=torch.Generator().manual_seed(batch)).to(DEVICE)
+    want = [t.clone() for t in keys], [t.clone() for t in values]
+    compact_kv_ref(*want, keep, counts, committed, inplace=True, dest=dest)
+    for run in (kernel, reference):
+        got = [t.clone() for t in keys], [t.clone() for t in values]
+        plan = KVCompactPlan(*got)
+        for _ in range(2 if run is kernel else 1):  # a second call reuses the groups and tables
+            if _:
+                got = [t.copy_(k) for t, k in zip(got[0], keys)], [t.copy_(v) for t, v in zip(got[1], values)]
+            run(plan, keep, counts, committed, dest=dest)
+            for w, g in zip(want[0] + want[1], got[0] + got[1]):
+                assert torch.equal(w, g)
+    with pytest.raises(ValueError, match="Lc \\+ A"):
+        plan(keep, counts, committed + pending)
+    with pytest.raises(ValueError, match="keep must be"):
+        plan(keep[:1] if batch > 1 else keep[:, :, None], counts, committed)
+
+
 def test_compact_kv_identity_prefix_and_empty_keep_are_views():
     keys, values = cache_tensors(0, 2, 3, 2, 10, 8, torch.float32)
     keep = torch.tensor([[0, 1, 2], [0, 1, -1], [0, -1, -1]], device=DEVICE)  # every row keeps a prefix

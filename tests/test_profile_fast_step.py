@@ -17,10 +17,10 @@ import specdec.static  # noqa: E402
 def test_the_profile_counts_each_region_per_step_and_restores_the_kernels():
     model = profile_fast_step.tiny_llama()
     ids = torch.randint(1, 97, (2, 8), generator=torch.Generator().manual_seed(0))
-    kernels = (specdec.static.tree_mask, specdec.static.compact_kv, specdec.kernels.verify_greedy)
+    kernels = (specdec.static.tree_mask, specdec.kernels.KVCompactPlan.__call__, specdec.kernels.verify_greedy)
     plain = profile_fast_step.per_step(model, ids, "plain", short=2, long=5)
     tree = profile_fast_step.per_step(model, ids, "eagle2", short=2, long=5)
-    assert (specdec.static.tree_mask, specdec.static.compact_kv, specdec.kernels.verify_greedy) == kernels
+    assert (specdec.static.tree_mask, specdec.kernels.KVCompactPlan.__call__, specdec.kernels.verify_greedy) == kernels
     # A plain step: one target forward, no drafter, no kernel launch (its mask row only gains a column).
     assert plain["target graph"] > 50 and plain["drafter graphs"] == 0 and plain["kernels"] == 0
     assert 0 < plain["outside"] <= 6

@@ -37,7 +37,7 @@ from .emit import (
                         emitted_tokens,
                         emitted_tokens_ref,
 )
-from .kv_compact import compact_kv, compact_kv_ref
+from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
 from .tree_mask import TreeMask, head_tree_mask, head_tree_mask_ref, tree_mask, tree_mask_ref
 from .verify import (
@@ -61,6 +61,6 @@ __all__ = [
     "verify_tree_deterministic_noise", "verify_tree_deterministic_noise_ref",
     "emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref",
     "FeedbackRows",
-    "compact_kv", "compact_kv_ref",
+    "compact_kv", "compact_kv_ref", "KVCompactPlan",
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
 ]

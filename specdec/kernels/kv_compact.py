@@ -18,13 +18,14 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, pointer_table, tl
 
-__all__ = ["compact_kv", "compact_kv_ref"]
+__all__ = ["compact_kv", "compact_kv_ref", "KVCompactPlan"]
 
 
 def _check(keys, values, keep, counts, committed_len, inplace, dest=None) -> tuple[int, int]:
@@ -177,30 +178,122 @@ def _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefi
         out = [t[:, :, : lc + kept] for t in tensors]
         return out[: len(keys)], out[len(keys):]
     keep = keep.long()
+    dest = None if dest is None else dest.long()
     if inplace:
         results = tensors
     else:
         results = [torch.empty(t.shape[0], t.shape[1], lc + kept, t.shape[3], dtype=t.dtype, device=t.device)
                    for t in tensors]
-    # One launch per group of identically laid-out tensors (one group for every model with uniform layers).
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((tuple(t.shape), t.stride(), results[i].stride(), t.dtype, t.device), []).append(i)
-    for (shape, _, dst_stride, _, device), members in groups.items():
-        src = [tensors[i] for i in members]
-        dst = [results[i] for i in members]
-        heads, head_dim = shape[1], shape[3]
-        block_d = next_pow2(head_dim)
-        src_table = pointer_table(src, device)
-        _kv_compact_kernel[(len(members) * batch * heads,)](
-            src_table, src_table if inplace else pointer_table(dst, device), src[0], keep,
-            keep if dest is None else dest.long(), batch, heads, lc, kept, head_dim, *src[0].stride(), *dst_stride,
-            *keep.stride(), INPLACE=inplace, DEST=dest is not None, BLOCK_S=max(1, 2048 // block_d),
-            BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
-        )
+    for group in _groups(tensors, results, inplace):
+        _launch(group, keep, dest, batch, lc, kept, inplace)
     if inplace:
         results = [t[:, :, : lc + kept] for t in tensors]
     return results[: len(keys)], results[len(keys):]
+
+
+class _Group(NamedTuple):
+    """Identically laid-out cache tensors (one launch) and their pointer tables."""
+
+    src: list
+    src_table: torch.Tensor
+    dst_table: torch.Tensor
+    src_stride: tuple
+    dst_stride: tuple
+    heads: int
+    head_dim: int
+
+
+def _groups(tensors: list, results: list, inplace: bool) -> list[_Group]:
+    """One group per layout (one for every model with uniform layers)."""
+    members: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        members.setdefault((tuple(t.shape), t.stride(), results[i].stride(), t.dtype, t.device), []).append(i)
+    groups = []
+    for (shape, src_stride, dst_stride, _, device), idx in members.items():
+        src = [tensors[i] for i in idx]
+        src_table = pointer_table(src, device)
+        dst_table = src_table if inplace else pointer_table([results[i] for i in idx], device)
+        groups.append(_Group(src, src_table, dst_table, src_stride, dst_stride, shape[1], shape[3]))
+    return groups
+
+
+def _launch(group: _Group, keep: torch.Tensor, dest: torch.Tensor | None, batch: int, lc: int, kept: int,
+            inplace: bool) -> None:
+    """One launch of the kernel over a group's tensors."""
+    block_d = next_pow2(group.head_dim)
+    _kv_compact_kernel[(len(group.src) * batch * group.heads,)](
+        group.src_table, group.dst_table, group.src[0], keep, keep if dest is None else dest,
+        batch, group.heads, lc, kept, group.head_dim, *group.src_stride, *group.dst_stride, *keep.stride(),
+        INPLACE=inplace, DEST=dest is not None, BLOCK_S=max(1, 2048 // block_d), BLOCK_A=next_pow2(kept),
+        BLOCK_D=block_d,
+    )
+
+
+class KVCompactPlan:
+    """:func:`compact_kv` with ``inplace=True`` over a fixed set of cache tensors, checked and grouped once.
+
+    A static KV cache (:class:`specdec.static.StaticAdapter`) commits into the same tensors at every step:
+    the plan validates them, groups them by layout and builds the pointer tables at construction, so a call
+    checks only ``keep`` / ``counts`` / ``dest`` and launches (no per-call walk over every layer, no views
+    returned). Same dispatch as :func:`compact_kv`: the kernel on CUDA, :func:`compact_kv_ref` otherwise.
+
+    Args:
+        keys: one tensor per layer, ``[B, heads, L, head_dim]``, never reallocated while the plan is used.
+        values: one tensor per layer, shaped like ``keys``.
+
+    Example:
+        >>> k = torch.arange(6.).reshape(1, 1, 6, 1)
+        >>> plan = KVCompactPlan([k], [k.clone()])
+        >>> plan(torch.tensor([[0, 2]]), torch.tensor([2]), 2)
+        >>> k.flatten().tolist()[:4]
+        [0.0, 1.0, 2.0, 4.0]
+    """
+
+    def __init__(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]):
+        self.keys, self.values = list(keys), list(values)
+        if not self.keys:
+            raise ValueError("KVCompactPlan: pass at least one layer's keys and values")
+        first = self.keys[0]
+        empty = torch.zeros(first.shape[0], 0, dtype=torch.long, device=first.device)
+        _check(self.keys, self.values, empty, empty.sum(1), 0, True)  # shapes, one batch, one device
+        self.batch, self.length = first.shape[0], min(t.shape[2] for t in self.keys + self.values)
+        self._groups: list[_Group] | None = None  # built at the first kernel launch (pointer tables on the device)
+
+    def __call__(self, keep: torch.Tensor, counts: torch.Tensor, committed_len: int, *,
+                 dest: torch.Tensor | None = None, prefix: bool | None = None) -> None:
+        """Move each row's kept pending slots in place, as ``compact_kv(keys, values, keep, counts, committed_len,
+        inplace=True, dest=dest, prefix=prefix)`` (without its returned views).
+
+        Args:
+            keep: Shape ``[B, A]`` int64, pending indices to keep, ``-1`` padded.
+            counts: Shape ``[B]`` int64, real entries of ``keep`` per row.
+            committed_len: ``Lc``.
+            dest: Shape ``[B]`` int64, per-row destinations (``dest[b] <= Lc``), as in :func:`compact_kv`.
+            prefix: as in :func:`compact_kv` (ignored with ``dest``).
+        """
+        if not isinstance(keep, torch.Tensor) or keep.dim() != 2 or keep.shape[0] != self.batch:
+            raise ValueError(f"KVCompactPlan: keep must be a [B, A] int64 tensor with B = {self.batch}")
+        kept = keep.shape[1]
+        if tuple(counts.shape) != (self.batch,) or (dest is not None and tuple(dest.shape) != (self.batch,)):
+            raise ValueError(f"KVCompactPlan: counts (and dest) must have shape [B] = [{self.batch}]")
+        if not 0 <= committed_len or committed_len + kept > self.length:
+            raise ValueError(f"KVCompactPlan: Lc + A = {committed_len + kept} must lie in [0, L = {self.length}] "
+                             f"(keep at most the pending slots)")
+        if kept == 0:
+            return
+        if not use_kernel("compact_kv", keep, counts, self.keys[0]):
+            compact_kv_ref(self.keys, self.values, keep, counts, committed_len, inplace=True, prefix=prefix,
+                           dest=dest)
+            return
+        if dest is None and _is_identity(keep, counts, self.length - committed_len, prefix):
+            return
+        if self._groups is None:
+            tensors = self.keys + self.values
+            self._groups = _groups(tensors, tensors, True)
+        keep = keep.long()
+        dest = None if dest is None else dest.long()
+        for group in self._groups:
+            _launch(group, keep, dest, self.batch, committed_len, kept, True)
 
 
 def compact_kv(
