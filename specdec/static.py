@@ -489,17 +489,19 @@ class StaticAdapter:
     def _ensure_buffers(self, shapes: list, batch: int, device: torch.device) -> _Buffers:
         """The buffers for this batch size and layer shapes (reused, graphs included, when they match)."""
         store, buf = self._store, self._store.buffers
+        params = _param_ids(self.model)
+        same_params = store.params == params  # a replaced, moved or cast parameter: the graphs read the old memory
+        if store.fused is not None and same_params:
+            store.fused.sync()  # weights updated in place: copied again into the fused tensors
         if buf is not None:
             same = [(tuple(la.keys.shape), la.keys.dtype) for la in buf.cache.layers] == shapes
-            fresh = store.params == _param_ids(self.model)  # a replaced parameter: the graphs read the old one
-            if self.fused != (store.fused is not None):
-                fresh = False
-            elif store.fused is not None and fresh:
-                store.fused.sync()  # weights updated in place: copied again into the fused tensors
-            if same and fresh and buf.valid.device == device:
+            if same and same_params and self.fused == (store.fused is not None) and buf.valid.device == device:
                 return buf
-        store.fused = FusedDecoder(self.model, self.capacity + self.buckets[-1]) if self.fused else None
-        store.params = _param_ids(self.model)
+        rows = self.capacity + self.buckets[-1]  # RoPE table rows the forwards may read
+        keep = self.fused and same_params and store.fused is not None and store.fused.cos.shape[0] >= rows
+        if not keep:  # the fused copies are remade only when the weights or the positions need it
+            store.fused = FusedDecoder(self.model, rows) if self.fused else None
+        store.params = params
         cache = slot_cache(shapes, device)
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},

@@ -207,3 +207,20 @@ def test_a_prompt_shape_met_again_is_prefilled_by_its_captured_graph_with_the_sa
             torch.testing.assert_close(_prefill_then_tree(fast, model, ids), _prefill_then_tree(eager, model, ids),
                                        atol=2e-5, rtol=1e-5)
     assert len(fast._store.buffers.prefills) == PREFILL_GRAPHS
+
+
+def test_a_new_batch_size_keeps_the_fused_copies_and_new_weights_replace_them():
+    model = tiny_model("llama")
+    fast = StaticAdapter(model, capacity=64, buckets=(4,))
+    eager = ModelAdapter(model)
+    g = torch.Generator().manual_seed(7)
+    ids1, ids3 = torch.randint(1, VOCAB, (1, 9), generator=g), torch.randint(1, VOCAB, (3, 9), generator=g)
+    _prefill_then_tree(fast, model, ids1)
+    decoder, buffers = fast._store.fused, fast._store.buffers
+    torch.testing.assert_close(_prefill_then_tree(fast, model, ids3), _prefill_then_tree(eager, model, ids3),
+                               atol=2e-5, rtol=1e-5)
+    assert fast._store.buffers is not buffers and fast._store.fused is decoder  # new buffers, same fused copies
+    model.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(model.model.layers[0].mlp.up_proj.weight * 2)
+    torch.testing.assert_close(_prefill_then_tree(fast, model, ids3), _prefill_then_tree(eager, model, ids3),
+                               atol=2e-5, rtol=1e-5)
+    assert fast._store.fused is not decoder
