@@ -2,6 +2,7 @@
 ``generate()`` with each drafter, equals the model's exactly enumerated law (chi-square test with a stated
 power); a mutant verifier fails the same test at the same sample count."""
 import itertools
+import zlib
 
 import pytest
 import torch
@@ -109,7 +110,9 @@ def test_stated_power_detects_total_variation_of_three_hundredths():
 def test_sampled_law_of_first_tokens_equals_enumerated_target_law(drafter_name, params_name):
     params = PARAMS[params_name]
     law = _exact_law(TARGET, params)
-    counts = _sampled_counts(DRAFTERS[drafter_name](), params, seed=hash((drafter_name, params_name)) % 1000)
+    # A stable seed per case (hash() of a str is salted per process, which made every CI run draw new samples).
+    seed = zlib.crc32(f"{drafter_name}/{params_name}".encode()) % 1000
+    counts = _sampled_counts(DRAFTERS[drafter_name](), params, seed=seed)
     fit = chi_square_test(counts, law)
     assert fit.p_value > ALPHA, f"{drafter_name} at {params_name}: {fit}"
 
