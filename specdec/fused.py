@@ -255,10 +255,6 @@ class FusedDecoder:
             mask = torch.zeros(seen.shape, dtype=dtype, device=tokens.device).masked_fill_(
                 ~seen, torch.finfo(dtype).min)[:, None]
         slots = torch.arange(T, device=tokens.device)
-        if tokens.is_cuda:
-            with masked_sdpa_kernel():
-                return self._forward(tokens, positions, mask, slots, cache, feature_layers, kv_len=T,
-                                     last_only=last_only)
         return self._forward(tokens, positions, mask, slots, cache, feature_layers, kv_len=T, last_only=last_only)
 
     @torch.no_grad()
@@ -278,13 +274,17 @@ class FusedDecoder:
         Returns:
             ``(logits [B, M, V], features)``: one ``[B, M, H]`` tensor per feature layer, in order.
         """
-        if tokens.is_cuda:
-            with masked_sdpa_kernel():
-                return self._forward(tokens, positions, mask, slots, cache, feature_layers)
         return self._forward(tokens, positions, mask, slots, cache, feature_layers)
 
-    def _forward(self, tokens, positions, mask, slots, cache, feature_layers, *, kv_len: int | None = None,
-                 last_only: bool = False):
+    def _forward(self, tokens, *args, **kwargs):
+        """:meth:`_layers`, on CUDA with masked attention on :func:`~specdec.nn.masked_sdpa_backends`."""
+        if tokens.is_cuda:
+            with masked_sdpa_kernel():
+                return self._layers(tokens, *args, **kwargs)
+        return self._layers(tokens, *args, **kwargs)
+
+    def _layers(self, tokens, positions, mask, slots, cache, feature_layers, *, kv_len: int | None = None,
+                last_only: bool = False):
         """The layers; ``kv_len``: attend to the first ``kv_len`` slots only (``mask=None``: causally)."""
         B, M = tokens.shape
         nh, nk, d = self.heads, self.kv_heads, self.head_dim

@@ -533,10 +533,6 @@ class StaticAdapter:
             return out.logits, out.features
         return run
 
-    def _step_fn(self, cache) -> Callable:
-        """The captured function: one model call writing at ``slots``; returns ``(logits, features)``."""
-        return self._model_fn(cache)
-
     def _plain_fn(self, buf: _Buffers) -> Callable:
         """The plain step's captured function: its own mask column and valid slot set in place, one model call,
         and the argmax of its logits; returns ``(logits, features, argmax)``."""
@@ -695,10 +691,10 @@ class StaticAdapter:
             slot_s.copy_(torch.arange(start, end, device=slot_s.device))
         inputs = (tok_s, pos_s, mask_s, slot_s)
         if size > self.buckets[-1]:  # beyond every bucket: eagerly, at its own size
-            logits, feats = self._step_fn(buf.cache)(*inputs)
+            logits, feats = self._model_fn(buf.cache)(*inputs)
         else:
             if runner is None:
-                runner = buf.runners[size] = self._capture_fn()(self._step_fn(buf.cache), inputs)
+                runner = buf.runners[size] = self._capture_fn()(self._model_fn(buf.cache), inputs)
             buf.high_water[size] = end
             logits, feats = _replay(runner)
         if size > M:
@@ -862,7 +858,7 @@ class StaticAdapter:
         """
         buf = self._check_state(state)
         _consume(state, "commit")
-        B, A = keep.shape
+        A = keep.shape[1]
         Lc, P = state.committed, state.num_pending
         if A > P:
             raise ValueError(f"commit() keeps {A} slots per row but only {P} are pending: keep at most the pending "
@@ -877,16 +873,12 @@ class StaticAdapter:
                 columns = torch.arange(A, device=keep.device)[None, :]
             torch.lt(columns, counts[:, None], out=buf.valid[:, Lc:Lc + A])
             buf.plain.at = None  # new committed slots (holes included): the plain mask row is rebuilt
-        empty = self._const(buf, ("empty", torch.long), lambda: torch.empty(B, 0, dtype=torch.long,
-                                                                              device=keep.device))
-        empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
-        return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
-                              pending_present=empty_bool, ticket=self._issue(), ends=None, mark=None)
+        return self._committed(buf, state, A, counts, ends=None, mark=None)
 
     def _commit_late(self, buf: _Buffers, state: StaticCacheState, keep: torch.Tensor,
                      counts: torch.Tensor) -> StaticCacheState:
         """:meth:`commit` with ``late=True``: per-row destinations, no host sync."""
-        B, A = keep.shape
+        A = keep.shape[1]
         Lc = state.committed
         ends = buf.ends
         if state.ends is None:
@@ -900,10 +892,15 @@ class StaticAdapter:
             buf.plain.at = None
         # The ends on their way to the host (unless a copy still is), for a later forward to lower Lc: no sync now.
         mark = state.mark if state.mark is not None else mark_bound(ends, Lc + A)
-        empty = self._const(buf, ("empty", torch.long), lambda: torch.empty(B, 0, dtype=torch.long,
-                                                                              device=keep.device))
+        return self._committed(buf, state, A, counts, ends=ends, mark=mark)
+
+    def _committed(self, buf: _Buffers, state: StaticCacheState, A: int, counts: torch.Tensor, *, ends, mark
+                   ) -> StaticCacheState:
+        """The state after a commit of width ``A``: ``Lc + A`` committed slots, nothing pending, a new ticket."""
+        B, device = counts.shape[0], counts.device
+        empty = self._const(buf, ("empty", torch.long), lambda: torch.empty(B, 0, dtype=torch.long, device=device))
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
-        return state._replace(committed=Lc + A, lengths=state.lengths + counts, pending_parents=empty,
+        return state._replace(committed=state.committed + A, lengths=state.lengths + counts, pending_parents=empty,
                               pending_present=empty_bool, ticket=self._issue(), ends=ends, mark=mark)
 
 
