@@ -87,21 +87,53 @@ def _quick_inputs(folder: Path) -> dict:
     prompts = folder / "prompts.jsonl"
     gen = torch.Generator().manual_seed(0)
     with open(prompts, "w") as f:
-        for _ in range(3):
+        for _ in range(5):  # 3 evaluated, 2 for --tree optimal's calibration
             f.write(json.dumps({"prompt_ids": torch.randint(3, 96, (24,), generator=gen).tolist()}) + "\n")
     return {"target": folder / "target", "draft": folder / "draft", "eagle2": folder / "e1", "eagle3": folder / "e3",
             "peagle": folder / "peagle", "dflash": folder / "dflash", "dspark": folder / "dspark",
             "data": prompts}
 
 
-def _prompts(args, target_path, device) -> list[torch.Tensor]:
-    rows = [json.loads(line) for line in open(args.data) if line.strip()][: args.num_prompts]
+def _prompts(args, target_path, device, skip: int = 0, count: int | None = None) -> list[torch.Tensor]:
+    """Rows ``skip .. skip + count`` of ``--data`` (default: the first ``--num-prompts``), each ``[1, T]``."""
+    rows = [json.loads(line) for line in open(args.data) if line.strip()][skip: skip + (count or args.num_prompts)]
     if rows and "prompt_ids" in rows[0]:
         return [torch.tensor(r["prompt_ids"][-args.prompt_tokens:], device=device)[None] for r in rows]
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(target_path)
-    return [p.to(device) for p in bench.load_prompts(args.data, tok, args.num_prompts, args.prompt_tokens)]
+    ids = [tok(r["prompt"], return_tensors="pt").input_ids[:, -args.prompt_tokens:] for r in rows]
+    return [p.to(device) for p in ids]
+
+
+TREE_RECIPES = {"P-EAGLE": lambda h, t: sd.recipes.peagle(h, tree=t),
+                "DFlash": lambda h, t: sd.recipes.dflash(h, tree=t),
+                "DSpark": lambda h, t: sd.recipes.dspark(h, tree=t)}
+
+
+def _trees_per_k(args, target, method: str, head, calibration: list) -> dict:
+    """K -> tree choices of the ``<method>+tree`` rows: ``--tree`` pruned to depth K, or Medusa's optimal tree of
+    depth <= K from the head's acceptance per depth and rank on the calibration prompts (level-wise drafts ignore
+    their parent, so ``mode="continuation"`` is exact for them)."""
+    from specdec.trees import TREE_PRESETS
+    from specdec.trees.optimize import measure_rank_acceptance, optimal_tree
+
+    if args.tree != "optimal":
+        preset = TREE_PRESETS.get(args.tree) or TREE_PRESETS.get(f"medusa_{args.tree}")
+        if preset is None:
+            raise SystemExit(f"--tree {args.tree!r}: use 'optimal' or a preset of specdec.trees.TREE_PRESETS "
+                             f"({', '.join(TREE_PRESETS)})")
+        return {k: tuple(p for p in preset if len(p) <= min(k, head.num_levels)) for k in args.ks}
+    if not calibration:
+        raise SystemExit("--tree optimal needs calibration prompts: --data must hold rows past --num-prompts")
+    levels = min(max(args.ks), head.num_levels)
+    acc = measure_rank_acceptance(target, lambda t: TREE_RECIPES[method](head, t), calibration, num_levels=levels,
+                                  num_ranks=8, max_new_tokens=args.max_new_tokens, eos_token_id=[],
+                                  mode="continuation", progress=False)
+    nodes = args.tree_nodes or args.total_tokens
+    print(f"{method}: acceptance per depth of ranks 1-3 (calibration, {len(calibration)} prompts): "
+          + "; ".join(" ".join(f"{a:.2f}" for a in row[:3]) for row in acc.probs.tolist()))
+    return {k: optimal_tree(acc, nodes, max_depth=k) for k in args.ks}
 
 
 def _draft_ms(target, drafter, prompts, n, k, repeats: int, fast=False) -> dict:
@@ -157,8 +189,14 @@ def main(argv=None):
     ap.add_argument("--ks", type=int, nargs="+", default=[3, 5, 7])
     ap.add_argument("--total-tokens", type=int, default=60, help="EAGLE-2/3 dynamic tree size")
     ap.add_argument("--tree", default=None,
-                    help="also run every parallel drafter with this level-wise tree (a Medusa preset name such as "
-                         "mc_sim_7b_63, pruned to depth K): rows '<method>+tree'")
+                    help="also run every parallel drafter with a level-wise tree per K: a Medusa preset name such as "
+                         "mc_sim_7b_63 (pruned to depth K), or 'optimal' (Medusa's greedy tree of --tree-nodes nodes "
+                         "and depth <= K from each head's per-depth, per-rank acceptance measured on calibration "
+                         "prompts that are not evaluated): rows '<method>+tree'")
+    ap.add_argument("--tree-nodes", type=int, default=None, help="node budget of 'optimal' trees (default: "
+                    "--total-tokens, the EAGLE trees' size)")
+    ap.add_argument("--calibration-prompts", type=int, default=8,
+                    help="prompts of the 'optimal' trees' calibration, read after the evaluated ones in --data")
     ap.add_argument("--num-prompts", type=int, default=30)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -170,6 +208,8 @@ def main(argv=None):
     ap.add_argument("--no-cudnn-sdpa", action="store_true", help="disable cuDNN SDPA process-wide (every method)")
     ap.add_argument("--fast", choices=["off", "graphs", "compile"], default="off",
                     help="the target on the fast path: generate(fast=True) or fast='compile' (every specdec row)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="ROW",
+                    help="run only these specdec rows, e.g. 'EAGLE-3 K=7' 'DFlash+tree K=7' (baselines always run)")
     ap.add_argument("--out", default="runs/parallel")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test on tiny random models (seconds)")
     args = ap.parse_args(argv)
@@ -179,6 +219,7 @@ def main(argv=None):
             setattr(args, key, str(value))
         args.dtype, args.device, args.warmup = "float32", "cpu", 0
         args.max_new_tokens, args.profile_prompts = min(args.max_new_tokens, 12), 1
+        args.num_prompts, args.calibration_prompts = min(args.num_prompts, 3), 2
     if not (args.target and args.data):
         ap.error("--target and --data are required (or --quick)")
     if args.no_cudnn_sdpa:
@@ -192,33 +233,37 @@ def main(argv=None):
     draft = (transformers.AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device).eval()
              if args.draft else None)
     prompts = _prompts(args, args.target, args.device)
+    calibration = (_prompts(args, args.target, args.device, skip=args.num_prompts, count=args.calibration_prompts)
+                   if args.tree == "optimal" else [])
     heads = _load_heads(args, target, dtype, args.device)
     n = args.max_new_tokens
     fast = {"off": False, "graphs": True, "compile": "compile"}[args.fast]
     methods = {"HF vanilla": bench.hf_method(target, n)}
     if draft is not None:
         methods["HF assisted"] = bench.hf_method(target, n, assistant_model=draft)
-    drafters = {}
-    tree_makers = {"P-EAGLE": lambda h: sd.recipes.peagle(h, tree=args.tree),
-                   "DFlash": lambda h: sd.recipes.dflash(h, tree=args.tree),
-                   "DSpark": lambda h: sd.recipes.dspark(h, tree=args.tree)}
-    for method, (head, _make) in list(heads.items()):
-        if args.tree and method in tree_makers:
-            heads[f"{method}+tree"] = (head, lambda h, k, m=tree_makers[method]: m(h))
+    drafters, trees = {}, {}
+    if args.tree:
+        for method, (head, _make) in list(heads.items()):
+            if method in TREE_RECIPES:
+                trees[method] = _trees_per_k(args, target, method, head, calibration)
+                heads[f"{method}+tree"] = (head, lambda h, k, m=method: TREE_RECIPES[m](h, trees[m][k]))
     for method, (head, make) in heads.items():
         for k in args.ks:
+            if args.only and f"{method} K={k}" not in args.only:
+                continue
             drafter = make(head, k)
-            drafters[(method, k)] = drafter
-            methods[f"{method} K={k}"] = bench.specdec_method(target, lambda d=drafter: d, n, num_drafts=k,
+            depth = max(map(len, trees[method.removesuffix("+tree")][k])) if method.endswith("+tree") else k
+            drafters[(method, k)] = drafter, depth
+            methods[f"{method} K={k}"] = bench.specdec_method(target, lambda d=drafter: d, n, num_drafts=depth,
                                                                fast=fast)
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, warmup=args.warmup, baseline="HF vanilla",
                                       max_seconds=args.max_seconds, log=log)
     by_name = {r.name: r for r in results}
     rows = []
-    for (method, k), drafter in drafters.items():
+    for (method, k), (drafter, depth) in drafters.items():
         r = by_name[f"{method} K={k}"]
-        phases = _draft_ms(target, drafter, prompts, n, k, args.profile_prompts, fast)
+        phases = _draft_ms(target, drafter, prompts, n, depth, args.profile_prompts, fast)
         rows.append({"method": method, "K": k, "tokens_per_second": r.tokens_per_second, "speedup": r.speedup,
                      "tau": r.tau, "acceptance_per_depth": r.acceptance_per_depth, "greedy_match": r.greedy_match,
                      "draft_ms": phases.get("draft", float("nan")), "phases_ms_per_step": phases})

@@ -344,3 +344,26 @@ def test_cuda_graphs_draft_as_their_eager_reference(method):
         assert torch.equal(x.tokens, y.tokens) and torch.equal(x.parents, y.parents)
         assert torch.equal(x.depths, y.depths)
     assert captures[2] == captures[1]  # the third run (shapes seen before) replayed, captured nothing
+
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_the_fast_path_with_each_parallel_drafter_gives_the_eager_tokens(method, device):
+    """``generate(fast=True)`` (static cache, captured target buckets; on CUDA also the drafter's graphs) with a
+    parallel drafter gives the eager path's tokens and steps, and plain greedy decoding's tokens (ragged rows)."""
+    target = tiny_model("llama", seed=0, scale=4.0).to(device)
+    drafter = _drafter(method, target)
+    if device == "cuda":
+        drafter = GraphedDrafter(drafter)
+    ids, mask = (t.to(device) for t in _prompts(3, 1))
+    plain = sd.generate(target, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    eager = sd.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[])
+    fast = sd.generate(target, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[],
+                       fast=True)
+    assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.sequences, plain.sequences)
+    assert fast.stats.num_target_forwards == eager.stats.num_target_forwards
+    assert fast.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
