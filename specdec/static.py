@@ -69,8 +69,8 @@ from .graphs import BoundMark, CapturedStep, capture_graph, capture_graph_ref, m
 from .kernels import KVCompactPlan, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
-           "bucket_for", "capacity_for", "compiled_capture", "static_support", "target_adapter", "fast_drafter",
-           "fast_mode", "use_fused", "PREFILL_GRAPHS"]
+           "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
+           "target_adapter", "fast_drafter", "fast_mode", "use_fused", "PREFILL_GRAPHS"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -121,6 +121,10 @@ def bucket_for(num_nodes: int, buckets: Sequence[int]) -> int:
         The padded size.
     """
     return next((b for b in buckets if b >= num_nodes), num_nodes)
+
+
+COMPILE_CAPACITY_MULTIPLE = 256
+"""Alignment of ``generate(fast="compile")``'s cache capacity (``fast=True`` aligns to 64)."""
 
 
 def capacity_for(prompt_len: int, max_new_tokens: int, max_nodes: int, *, multiple: int = 64) -> int:
@@ -941,7 +945,9 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
         buckets: padded forward sizes.
 
     Returns:
-        A :class:`StaticAdapter` or a :class:`~specdec.adapter.ModelAdapter`.
+        A :class:`StaticAdapter` or a :class:`~specdec.adapter.ModelAdapter`. Its capacity is
+        :func:`capacity_for` aligned to 64 slots, or to :data:`COMPILE_CAPACITY_MULTIPLE` under ``"compile"`` (a
+        larger cache recompiles every compiled step), and at least the held buffers' on CUDA.
     """
     mode = fast_mode(fast)
     if mode is None:
@@ -951,7 +957,10 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
         warnings.warn(f"generate(fast=True): {type(model).__name__} falls back to the eager path: {reason}.",
                       stacklevel=3)
         return ModelAdapter(model, feature_layers)
-    capacity = capacity_for(prompt_len, max_new_tokens, max(buckets))
+    # compiled steps are recompiled (tens of seconds) for every new cache size, captured ones only re-captured
+    # (milliseconds): under "compile" the cache takes 256-slot steps, so longer prompts mostly fit the held one
+    capacity = capacity_for(prompt_len, max_new_tokens, max(buckets), multiple=COMPILE_CAPACITY_MULTIPLE
+                            if mode == "compile" else 64)
     if not next(model.parameters()).is_cuda:
         return StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
     key = (tuple(feature_layers), tuple(sorted(set(buckets))), mode)

@@ -25,6 +25,7 @@ from specdec.heads import Eagle1Head
 from specdec.kernels import tree_mask_ref
 from specdec.sampling import PredrawnNoise, TorchSource
 from specdec.static import (
+    COMPILE_CAPACITY_MULTIPLE,
     CapacityError,
     StaticAdapter,
     bucket_for,
@@ -315,6 +316,9 @@ def test_generate_sizes_the_cache_for_the_longest_run():
     out = generate(model, ids, attention_mask=mask, max_new_tokens=100, eos_token_id=[], fast=True,
                    drafter=DraftModelDrafter(copy.deepcopy(model), num_drafts=4))
     assert out.num_new_tokens.tolist() == [100]
+    # under "compile" the cache takes 256-slot steps (a new size would recompile every compiled step)
+    compiled = target_adapter(model, (), fast="compile", prompt_len=30, max_new_tokens=100)
+    assert compiled.capacity == capacity_for(30, 100, 128, multiple=COMPILE_CAPACITY_MULTIPLE) == 512
 
 
 @pytest.mark.gpu
