@@ -136,17 +136,20 @@ def _trees_per_k(args, target, method: str, head, calibration: list) -> dict:
     return {k: optimal_tree(acc, nodes, max_depth=k) for k in args.ks}
 
 
-def _draft_ms(target, drafter, prompts, n, k, repeats: int, fast=False) -> dict:
-    """Profiled runs: ms per step of each phase (``draft``, ``target``, ``verify``, ``commit``, ``update``)."""
+def _draft_ms(target, drafter, prompts, n, k, repeats: int, fast=False) -> tuple[dict, dict]:
+    """Profiled runs: ms per step of each phase (``draft``, ``target``, ``verify``, ``commit``, ``update``), and
+    what a graphed drafter did during them (``GraphedDrafter.counts``: captures there would inflate the phases)."""
     for ids in prompts[:repeats]:  # warm: every graph these prompts need is captured before the profiled calls
         sd.generate(target, ids, drafter=drafter, num_drafts=k, max_new_tokens=n, fast=fast)
+    counts = dict(getattr(drafter, "counts", {}))  # a GraphedDrafter's: did the profiled calls capture anything?
     totals, steps = {}, 0
     for ids in prompts[:repeats]:
         out = sd.generate(target, ids, drafter=drafter, num_drafts=k, max_new_tokens=n, profile=True, fast=fast)
         steps += out.stats.num_steps
         for phase, seconds in out.stats.phase_times.items():
             totals[phase] = totals.get(phase, 0.0) + seconds
-    return {phase: 1e3 * s / max(1, steps) for phase, s in totals.items()}
+    during = {name: value - counts[name] for name, value in getattr(drafter, "counts", {}).items()}
+    return {phase: 1e3 * s / max(1, steps) for phase, s in totals.items()}, during
 
 
 def _plot(rows: list, ks: list, path: str, title: str) -> None:
@@ -263,10 +266,11 @@ def main(argv=None):
     rows = []
     for (method, k), (drafter, depth) in drafters.items():
         r = by_name[f"{method} K={k}"]
-        phases = _draft_ms(target, drafter, prompts, n, depth, args.profile_prompts, fast)
+        phases, graph_counts = _draft_ms(target, drafter, prompts, n, depth, args.profile_prompts, fast)
         rows.append({"method": method, "K": k, "tokens_per_second": r.tokens_per_second, "speedup": r.speedup,
                      "tau": r.tau, "acceptance_per_depth": r.acceptance_per_depth, "greedy_match": r.greedy_match,
-                     "draft_ms": phases.get("draft", float("nan")), "phases_ms_per_step": phases})
+                     "draft_ms": phases.get("draft", float("nan")), "phases_ms_per_step": phases,
+                     "graph_counts_while_profiled": graph_counts})
     measured = results[0].extra["prompts"]
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     title = (f"{os.path.basename(str(args.target).rstrip('/'))}, {args.dtype}, greedy, batch 1, {measured} prompts, "

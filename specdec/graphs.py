@@ -336,6 +336,9 @@ class GraphedDrafter:
     Attributes:
         drafter: the wrapped drafter.
         max_num_drafts, feature_layers, vocab_size: the wrapped drafter's.
+        counts: running totals for diagnosis: ``captures`` (graphs captured), ``replays``, ``eager`` (steps run
+            eagerly: no key, e.g. a prompt-wide update) and ``buffer_changes`` (new buffers: every held graph was
+            dropped). A benchmark reads them around a timed run to see whether it captured anything.
     """
 
     def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
@@ -349,6 +352,7 @@ class GraphedDrafter:
         self._graphs: dict = {}
         self._buffers: Any = None
         self._buffer_ids: tuple = ()
+        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0}
 
     def __repr__(self) -> str:
         return f"cuda_graphed({self.drafter!r})"
@@ -384,16 +388,21 @@ class GraphedDrafter:
     def _track(self, buffers: Any) -> None:
         ids = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in _leaves(buffers))
         if ids != self._buffer_ids:  # new buffers: graphs captured on the old ones are stale
+            self.counts["buffer_changes"] += bool(self._graphs)
             self._graphs, self._buffers, self._buffer_ids = {}, buffers, ids
 
     def _run(self, step: Step) -> Any:
         self._track(step.buffers)
         if step.key is None:
+            self.counts["eager"] += 1
             return run_step(step)
         key = (step.key, _spec(step.inputs))
         captured = self._graphs.get(key)
         if captured is None:
             captured = self._graphs[key] = self.capture(step.fn, step.inputs)
+            self.counts["captures"] += 1
+        else:
+            self.counts["replays"] += 1
         return step.finish(captured.run_matching(step.inputs))  # the key holds the inputs' spec
 
     @torch.no_grad()

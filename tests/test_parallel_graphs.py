@@ -275,6 +275,8 @@ def test_generate_through_captures_is_greedy_identical_and_captures_once(target,
         assert a.stats.num_draft_forwards == b.stats.num_draft_forwards
         assert any(k[0] == "propose" for k in graphed.graph_keys)
         assert counter.calls == len(graphed.graph_keys)  # no (key, shapes) captured twice
+        assert graphed.counts["captures"] == counter.calls and graphed.counts["buffer_changes"] == 0
+        assert graphed.counts["replays"] > 0
         if not captures:
             buffers = graphed.buffers
         captures.append(counter.calls)
