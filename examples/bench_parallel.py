@@ -257,8 +257,9 @@ def main(argv=None):
             drafter = make(head, k)
             depth = max(map(len, trees[method.removesuffix("+tree")][k])) if method.endswith("+tree") else k
             drafters[(method, k)] = drafter, depth
+            sized = {"max_cache_len": args.prompt_tokens + n} if fast else {}  # one cache size: no re-capture
             methods[f"{method} K={k}"] = bench.specdec_method(target, lambda d=drafter: d, n, num_drafts=depth,
-                                                               fast=fast)
+                                                               fast=fast, **sized)
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, warmup=args.warmup, baseline="HF vanilla",
                                       max_seconds=args.max_seconds, log=log)

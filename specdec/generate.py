@@ -66,6 +66,7 @@ def generate(
     verifier: Verifier | None = None,
     profile: bool = False,
     fast: bool | str = False,
+    max_cache_len: int | None = None,
 ) -> GenerateOutput:
     """Decode with speculative decoding (or plainly, with ``drafter=None``) around an HF causal LM.
 
@@ -107,6 +108,11 @@ def generate(
             per shape on the first call). Same results as the eager path. On CPU the same static code runs
             without graphs (uncompiled); a model without static-cache support falls back to the eager path with
             one warning.
+        max_cache_len: fast path only: allocate the static cache for sequences of at least this many tokens
+            (prompt + new tokens; HF's ``max_cache_len``). On CUDA the cache and the steps captured on it are kept
+            and reused by later calls that fit, so sizing it for the longest run of a session up front spares
+            every re-capture (and, under ``"compile"``, every recompile, tens of seconds each) when a longer prompt
+            comes. ``None``: sized for this call.
 
     Returns:
         :class:`GenerateOutput`.
@@ -126,8 +132,12 @@ def generate(
     stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or ())
     if stops and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer to decode the output: pass tokenizer=...")
+    if max_cache_len is not None and (not fast or not isinstance(max_cache_len, int) or max_cache_len < 1):
+        raise ValueError(f"max_cache_len sizes the fast path's static cache: pass an int >= 1 with fast=True or "
+                         f"'compile', got max_cache_len={max_cache_len!r} with fast={fast!r}")
     adapter = target_adapter(target, drafter.feature_layers if drafter is not None else (), fast=fast,
-                             prompt_len=prompts.input_ids.shape[1], max_new_tokens=max_new_tokens)
+                             prompt_len=prompts.input_ids.shape[1], max_new_tokens=max_new_tokens,
+                             min_len=max_cache_len or 0)
     drafter = fast_drafter(drafter, fast_mode(fast)) if fast else drafter
     check_vocabularies(adapter.vocab_size, drafter, tokenizer)
     adapter.check_positions(prompts.input_ids.shape[1] - 1 + max_new_tokens)

@@ -927,7 +927,7 @@ _STORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: bool | str, prompt_len: int,
-                   max_new_tokens: int, buckets: Sequence[int] = DEFAULT_BUCKETS):
+                   max_new_tokens: int, buckets: Sequence[int] = DEFAULT_BUCKETS, min_len: int = 0):
     """The target adapter ``generate()`` uses: :class:`StaticAdapter` when ``fast`` and the model supports it.
 
     With ``fast=True`` and a model :func:`static_support` refuses, warns once (naming why) and returns the eager
@@ -943,6 +943,8 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
         prompt_len: ``T``, the padded prompt length.
         max_new_tokens: new tokens per row.
         buckets: padded forward sizes.
+        min_len: size the cache for sequences (prompt + new tokens) of at least this length
+            (``generate(max_cache_len=)``).
 
     Returns:
         A :class:`StaticAdapter` or a :class:`~specdec.adapter.ModelAdapter`. Its capacity is
@@ -959,8 +961,8 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
         return ModelAdapter(model, feature_layers)
     # compiled steps are recompiled (tens of seconds) for every new cache size, captured ones only re-captured
     # (milliseconds): under "compile" the cache takes 256-slot steps, so longer prompts mostly fit the held one
-    capacity = capacity_for(prompt_len, max_new_tokens, max(buckets), multiple=COMPILE_CAPACITY_MULTIPLE
-                            if mode == "compile" else 64)
+    capacity = capacity_for(max(prompt_len + max_new_tokens, min_len), 0, max(buckets),
+                            multiple=COMPILE_CAPACITY_MULTIPLE if mode == "compile" else 64)
     if not next(model.parameters()).is_cuda:
         return StaticAdapter(model, feature_layers, capacity=capacity, buckets=buckets)
     key = (tuple(feature_layers), tuple(sorted(set(buckets))), mode)

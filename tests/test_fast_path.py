@@ -319,6 +319,16 @@ def test_generate_sizes_the_cache_for_the_longest_run():
     # under "compile" the cache takes 256-slot steps (a new size would recompile every compiled step)
     compiled = target_adapter(model, (), fast="compile", prompt_len=30, max_new_tokens=100)
     assert compiled.capacity == capacity_for(30, 100, 128, multiple=COMPILE_CAPACITY_MULTIPLE) == 512
+    # generate(max_cache_len=) sizes it for the longest run of a session up front
+    presized = target_adapter(model, (), fast=True, prompt_len=30, max_new_tokens=100, min_len=700)
+    assert presized.capacity == capacity_for(700, 0, 128) == 832
+    sized = generate(model, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], fast=True,
+                     max_cache_len=700)
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(sized.sequences, plain.sequences)
+    for bad in (dict(max_cache_len=700), dict(max_cache_len=0, fast=True), dict(max_cache_len=7.5, fast=True)):
+        with pytest.raises(ValueError, match="max_cache_len sizes the fast path"):
+            generate(model, ids, attention_mask=mask, max_new_tokens=2, **bad)
 
 
 @pytest.mark.gpu
