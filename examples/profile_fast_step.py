@@ -21,6 +21,11 @@ Example::
 
     python examples/profile_fast_step.py                 # table: plain and EAGLE-2, batch 1 and 4
     python examples/profile_fast_step.py --ops           # also the outside ops by name
+    python examples/profile_fast_step.py --host          # also the host ms per step, the device work stubbed
+
+``--host`` times the host's share of a step: the captured functions return the outputs saved at their capture and
+each kernel its first result per shapes, so what is left is the step's Python and the tensor ops outside the graphs
+(tiny tensors here): a CPU proxy of what a GPU host must do per step before the device can run it.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import argparse
 import collections
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -35,9 +41,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import specdec
 import specdec.kernels
+import specdec.kernels.verify
 import specdec.static
 import specdec.step
-from specdec.graphs import GraphedDrafter, capture_graph_ref
+from specdec.graphs import CapturedStep, GraphedDrafter, _map, _spec, capture_graph_ref
 
 REGIONS = ("target graph", "drafter graphs", "kernels", "outside")
 
@@ -174,11 +181,80 @@ def per_step(model, ids: torch.Tensor, method: str, short: int = 6, long: int = 
     return result
 
 
+def _saved_outputs_capture(fn: Callable, inputs: tuple, warmup: int = 0) -> CapturedStep:
+    """A capture whose replays return the outputs of the one run at capture (no tensor work): what is left of a
+    replay on the host is its input copies and output clones, as with a CUDA graph."""
+    static = _map(torch.Tensor.clone, inputs)
+    out = fn(*static)
+    return CapturedStep(static, lambda: out)
+
+
+def _saved_outputs(fn: Callable) -> Callable:
+    """``fn`` (a kernel) run once per input shapes; later calls return that first result (or fill nothing into
+    ``out=``, already written once): on CUDA a kernel is one launch, whatever its work."""
+    results: dict = {}
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        key = (_spec(tuple(a for a in args if isinstance(a, torch.Tensor))),
+               tuple(sorted((k, repr(v)) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+        if key not in results:
+            results[key] = fn(*args, **kwargs)
+        return kwargs["out"] if kwargs.get("out") is not None else results[key]
+    return run
+
+
+@contextlib.contextmanager
+def device_work_stubbed() -> Iterator[None]:
+    """Within the block the fast path's captured functions and kernels return saved outputs, so a CPU run times
+    the host work of a step: its Python and the tensor ops outside the graphs (tiny here)."""
+    swaps = [(specdec.static, "capture_graph_ref", _saved_outputs_capture),
+             (specdec.static, "tree_mask", _saved_outputs(specdec.static.tree_mask)),
+             (specdec.step, "emitted_tokens", _saved_outputs(specdec.step.emitted_tokens)),
+             (specdec.step, "accepted_feedback", _saved_outputs(specdec.step.accepted_feedback)),
+             (specdec.kernels.KVCompactPlan, "__call__", _saved_outputs(specdec.kernels.KVCompactPlan.__call__)),
+             (specdec.kernels.verify, "verify_greedy_ref", _saved_outputs(specdec.kernels.verify.verify_greedy_ref))]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in swaps]
+    for module, name, new in swaps:
+        setattr(module, name, new)
+    try:
+        yield
+    finally:
+        for module, name, old in saved:
+            setattr(module, name, old)
+
+
+def host_ms_per_step(model, ids: torch.Tensor, method: str, short: int = 40, long: int = 300,
+                     repeats: int = 3) -> float:
+    """Host milliseconds per decoding step of ``generate(fast=True)`` with the device work stubbed (best of
+    ``repeats`` differences of a ``long`` and a ``short`` call). With saved outputs every draft is rejected, so
+    each step is a tree step of the same shape."""
+    drafter = None
+    if method == "eagle2":
+        drafter = GraphedDrafter(eagle2_drafter(model, None).drafter, capture=_saved_outputs_capture,
+                                 device_types=("cpu",))
+    best = float("inf")
+    with device_work_stubbed():
+        def run(n: int):
+            return specdec.generate(model, ids, drafter=drafter, max_new_tokens=n, eos_token_id=[], fast=True)
+        run(short)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a = run(short)
+            t1 = time.perf_counter()
+            b = run(long)
+            t2 = time.perf_counter()
+            best = min(best, 1e3 * ((t2 - t1) - (t1 - t0)) / (b.stats.num_steps - a.stats.num_steps))
+    return best
+
+
 def main() -> None:
     """Print the table (and, with ``--ops``, the outside ops by name)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--ops", action="store_true", help="list the outside ops per step by name")
+    parser.add_argument("--host", action="store_true",
+                        help="also time the host work per step, with the captured functions and kernels stubbed")
     args = parser.parse_args()
     model = tiny_llama()
     rows = []
@@ -189,6 +265,13 @@ def main() -> None:
     print(f"{'method':<8} {'B':>3} " + " ".join(f"{r:>15}" for r in REGIONS) + "   (aten ops per step)")
     for method, batch, result in rows:
         print(f"{method:<8} {batch:>3} " + " ".join(f"{result[r]:>15.1f}" for r in REGIONS))
+    if args.host:
+        torch.set_num_threads(1)
+        print("\nhost ms per step (device work stubbed; CPU proxy of the GPU host's work):")
+        for method in ("plain", "eagle2"):
+            for batch in args.batch:
+                ids = torch.randint(1, 97, (batch, 12), generator=torch.Generator().manual_seed(batch))
+                print(f"  {method:<8} B={batch}: {host_ms_per_step(model, ids, method):.3f}")
     if args.ops:
         for method, batch, result in rows:
             named = sorted(((n, c) for n, c in result["outside ops"].items() if c), key=lambda x: -x[1])

@@ -1,6 +1,7 @@
 """examples/profile_fast_step.py: the per-step op counts split by region, and the module names restored after."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -27,3 +28,21 @@ def test_the_profile_counts_each_region_per_step_and_restores_the_kernels():
     # A tree step: the tree mask, the verifier, the emitted tokens, the compaction and the feedback (rows and
     # features) are one launch each; the drafter is captured.
     assert 4 <= tree["kernels"] <= 5 and tree["drafter graphs"] > 50 and tree["outside"] > plain["outside"]
+
+
+def test_the_host_timing_stubs_the_device_work_and_restores_it():
+    model = profile_fast_step.tiny_llama()
+    ids = torch.randint(1, 97, (1, 8), generator=torch.Generator().manual_seed(0))
+    swapped = (specdec.static.capture_graph_ref, specdec.static.tree_mask, specdec.kernels.KVCompactPlan.__call__,
+               specdec.kernels.verify.verify_greedy_ref)
+    plain = profile_fast_step.host_ms_per_step(model, ids, "plain", short=4, long=12, repeats=1)
+    tree = profile_fast_step.host_ms_per_step(model, ids, "eagle2", short=4, long=12, repeats=1)
+    assert (specdec.static.capture_graph_ref, specdec.static.tree_mask, specdec.kernels.KVCompactPlan.__call__,
+            specdec.kernels.verify.verify_greedy_ref) == swapped
+    assert math.isfinite(plain) and math.isfinite(tree)  # timings (too noisy on a shared CPU to compare here)
+    with profile_fast_step.device_work_stubbed():  # a stubbed kernel returns its first result for the same shapes
+        a = specdec.static.tree_mask(torch.ones(1, 3, dtype=torch.bool), torch.tensor([[-1, 0]]),
+                                     torch.ones(1, 2, dtype=torch.bool), torch.float32)
+        b = specdec.static.tree_mask(torch.zeros(1, 3, dtype=torch.bool), torch.tensor([[-1, 0]]),
+                                     torch.ones(1, 2, dtype=torch.bool), torch.float32)
+        assert b is a
