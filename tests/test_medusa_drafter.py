@@ -45,6 +45,21 @@ def test_level_tree_draft_equals_reference(tree, depth):
     assert torch.equal(LevelTree(tree).draft(logits, depth).tokens, fast.tokens)
 
 
+def test_a_fresh_level_tree_drafts_inside_dynamo_without_a_graph_break():
+    # (fast="compile" traces the drafter's first call, where the tree's index plans are built: from host data)
+    torch._dynamo.reset()
+    logits = torch.randn(2, 4, 30, generator=torch.Generator().manual_seed(2))
+    for transition in (None, lambda prev, d: torch.zeros(*prev.shape, 30)):
+        tree = LevelTree([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+        roots = torch.tensor([3, 4]) if transition else None
+
+        def draft(z, tree=tree, transition=transition, roots=roots):
+            return tree.draft(z, 3, transition=transition, roots=roots).tokens
+
+        explained = torch._dynamo.explain(draft)(logits)
+        assert explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_a_node_takes_its_levels_rank_whatever_its_parent():
     logits = torch.randn(1, 2, 30, generator=torch.Generator().manual_seed(0))
     tree = compile_tree([(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)])

@@ -50,7 +50,7 @@ class _LevelPlan(NamedTuple):
 def _plan(tree: Tree, device) -> _LevelPlan:
     depths = tree.depths[1:]
     ranks = tree.ranks[1:]
-    width = int(ranks.max()) + 1 if ranks.numel() else 1
+    width = 1 + max((path[-1] for path in tree.choices), default=0)  # from host data: no graph break in a compile
     return _LevelPlan(tree.parents.to(device), tree.depths.to(device),
                       ((depths - 1) * width + ranks).to(device), width, tree.max_depth)
 
@@ -63,7 +63,10 @@ class _LevelStep(NamedTuple):
 
 
 def _transition_plan(tree: Tree, device) -> tuple[_LevelStep, ...]:
-    parents, depths, ranks = tree.parents.tolist(), tree.depths.tolist(), tree.ranks.tolist()
+    node_of = {path: i + 1 for i, path in enumerate(tree.choices)}  # the tree's host data (no tensor reads)
+    parents = [-1] + [node_of.get(path[:-1], 0) for path in tree.choices]
+    depths = [0] + [len(path) for path in tree.choices]
+    ranks = [0] + [path[-1] for path in tree.choices]
     steps = []
     for d in range(1, tree.max_depth + 1):
         nodes = [i for i in range(len(parents)) if depths[i] == d]
@@ -123,7 +126,7 @@ def _check(level_logits: torch.Tensor, tree: Tree, depth: int) -> Tree:
         raise ValueError(f"the head gave {level_logits.shape[1]} levels but the tree is drafted to depth {depth}: "
                          f"prune the tree (tree.prune({level_logits.shape[1]})) or use a head with more levels")
     pruned = tree.prune(depth)
-    width = int(pruned.ranks.max()) + 1
+    width = 1 + max((path[-1] for path in pruned.choices), default=0)  # host data: no sync, no graph break
     if width > level_logits.shape[-1]:
         raise ValueError(f"the tree asks for rank {width - 1} but the vocabulary has {level_logits.shape[-1]} tokens")
     return pruned
