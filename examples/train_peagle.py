@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-prompts", default=None, help="jsonl with a 'prompt' field (e.g. pycode-heldout)")
     parser.add_argument("--eval-n", type=int, default=20)
     parser.add_argument("--eval-new-tokens", type=int, default=128)
+    parser.add_argument("--decay-gamma", type=float, default=None,
+                        help="weight depth d by exp(-d / gamma) (default: uniform over depths)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -108,7 +110,8 @@ def main(argv=None) -> int:
     result = train_peagle(target, token_lists, tokenizer=tokenizer, steps=args.steps, seq_len=args.seq_len,
                           batch_size=args.batch_size, lr=args.lr, max_drafts=args.max_drafts,
                           segment_len=args.segment_len, num_layers=args.num_layers, out_dir=out / "peagle",
-                          save_every=args.save_every, seed=args.seed, time_budget=args.time_budget)
+                          save_every=args.save_every, seed=args.seed, time_budget=args.time_budget,
+                          decay_gamma=args.decay_gamma)
     history = result.history
     if not history:
         print("no training step ran (time budget too small)", file=sys.stderr)

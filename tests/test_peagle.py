@@ -363,6 +363,23 @@ def test_training_loss_finite_falls_on_a_repeated_batch_and_is_deterministic(tar
     assert len(scores.accuracy) == 3 and scores.accuracy[0] > 0.5
 
 
+def test_decay_gamma_weights_the_per_depth_losses(target):
+    from specdec.training.eagle import _target_forward
+    from specdec.training.peagle import peagle_loss
+
+    head = PEagleHead.from_target(target, max_drafts=3, feature_layers=LAYERS)
+    window = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(9))
+    features, logits = _target_forward(target, window, head.feature_layers)
+    kw = dict(num_depths=3, segment_len=16, ratio=1.0, floor=1.0)
+    uniform, per_depth, _ = peagle_loss(head, window, features, logits, **kw)
+    decayed, same, _ = peagle_loss(head, window, features, logits, decay_gamma=1.5, **kw)
+    w = torch.exp(-torch.arange(3.0) / 1.5)
+    assert torch.allclose(per_depth, same)
+    assert torch.allclose(uniform, per_depth.mean()) and torch.allclose(decayed, (w * per_depth).sum() / w.sum())
+    with pytest.raises(ValueError, match="decay_gamma must be > 0"):
+        peagle_loss(head, window, features, logits, decay_gamma=0.0, **kw)
+
+
 def test_training_saves_loadable_checkpoints(target, tmp_path):
     window = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(8))
     result = train_peagle(target, window, steps=4, batch_size=2, seq_len=20, max_drafts=2, feature_layers=LAYERS,

@@ -11,10 +11,12 @@ mask slots of the anchors kept at that depth, under the attention mask
 (``a`` = anchor, ``d`` = depth; a real entry is its own anchor at depth 0): each slot sees the real context up
 to its anchor and its own anchor's earlier mask slots, exactly what it sees at inference. The output of
 ``(a, d)`` is trained toward the target's distribution ``softmax(z_{a+d+1})`` (soft cross-entropy: the target's
-whole distribution, not only its argmax, carries signal at every depth), averaged per depth, then over depths:
+whole distribution, not only its argmax, carries signal at every depth), averaged per depth, then over depths
+with weights ``w_d`` (uniform by default; ``decay_gamma`` gives DFlash's ``w_d = exp(-d / gamma)``, which favours the
+early depths every accepted prefix needs):
 
 .. math::
-    \\mathcal{L} = \\frac1K \\sum_{d=0}^{K-1} \\frac{1}{|A_d|} \\sum_{a \\in A_d}
+    \\mathcal{L} = \\frac{1}{\\sum_d w_d} \\sum_{d=0}^{K-1} \\frac{w_d}{|A_d|} \\sum_{a \\in A_d}
     \\mathrm{CE}(\\mathrm{softmax}(z_{a+d+1}), q_{a,d})
 
 COD sampling bounds the cost: depth 0 keeps every anchor, depth ``d`` a random ``max(r^d, r_min)`` fraction of
@@ -140,7 +142,8 @@ def _segment_outputs(head: PEagleHead, tokens, hidden, start: int, block: PEagle
 
 def peagle_loss(head: PEagleHead, tokens: torch.Tensor, features: Sequence[torch.Tensor], logits: torch.Tensor, *,
                 num_depths: int, segment_len: int, ratio: float = 0.7, floor: float = 0.2,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | None = None, decay_gamma: float | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The P-EAGLE objective on a batch of windows (see the module docstring), segment by segment.
 
     Args:
@@ -152,6 +155,7 @@ def peagle_loss(head: PEagleHead, tokens: torch.Tensor, features: Sequence[torch
         segment_len: real entries per forward.
         ratio, floor: COD sampling.
         generator: CPU generator of the COD anchors.
+        decay_gamma: depth weights ``exp(-d / gamma)`` (``None``: uniform, the mean over depths).
 
     Returns:
         ``(loss, per_depth_ce [K], per_depth_accuracy [K])``; ``loss`` has a graph.
@@ -181,7 +185,14 @@ def peagle_loss(head: PEagleHead, tokens: torch.Tensor, features: Sequence[torch
         hits = hits + torch.zeros_like(hits).index_add(0, block.depths.flatten(), agree.float().flatten())
         counts = counts + torch.zeros_like(counts).index_add(0, block.depths.flatten(), ok.float().flatten())
     per_depth = sums / counts.clamp(min=1.0)
-    return per_depth.mean(), per_depth.detach(), hits / counts.clamp(min=1.0)
+    if decay_gamma is None:
+        loss = per_depth.mean()
+    else:
+        if not decay_gamma > 0:
+            raise ValueError(f"decay_gamma must be > 0 (depth weights exp(-d / gamma)) or None, got {decay_gamma}")
+        weights = torch.exp(-torch.arange(num_depths, device=per_depth.device, dtype=torch.float32) / decay_gamma)
+        loss = (weights * per_depth).sum() / weights.sum()
+    return loss, per_depth.detach(), hits / counts.clamp(min=1.0)
 
 
 @torch.no_grad()
@@ -212,7 +223,7 @@ def train_peagle(target, data, *, tokenizer=None, head: PEagleHead | None = None
                  num_layers: int = 2, feature_layers: Sequence[int] | None = None, mask_token_id: int | None = None,
                  warmup_steps: int | None = None, weight_decay: float = 0.0, grad_clip: float = 0.5,
                  amp: bool = True, out_dir=None, save_every: int = 0, progress: bool = True, seed: int = 0,
-                 time_budget: float | None = None) -> TrainResult:
+                 time_budget: float | None = None, decay_gamma: float | None = None) -> TrainResult:
     """Train a P-EAGLE head (all mask depths jointly, COD-sampled) against ``target`` on any text.
 
     Args:
@@ -235,6 +246,7 @@ def train_peagle(target, data, *, tokenizer=None, head: PEagleHead | None = None
         progress: show a tqdm bar.
         seed: seeds the window sampler and the COD draws (the global RNG is never used).
         time_budget: wall-clock seconds after which training stops early.
+        decay_gamma: weight depth ``d`` by ``exp(-d / gamma)`` (DFlash's position weights; ``None``: uniform).
 
     Returns:
         :class:`~specdec.training.TrainResult`; each record's ``token_loss`` / ``accuracy`` are depth 0's, and
@@ -269,7 +281,8 @@ def train_peagle(target, data, *, tokenizer=None, head: PEagleHead | None = None
         features, logits = _target_forward(target, batch, head.feature_layers)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
             loss, ce, acc = peagle_loss(head, batch, features, logits, num_depths=max_drafts, segment_len=segment,
-                                        ratio=down_sample_ratio, floor=down_sample_min, generator=cod)
+                                        ratio=down_sample_ratio, floor=down_sample_min, generator=cod,
+                                        decay_gamma=decay_gamma)
         if out_dir is not None:
             seen.append((step, loss.detach(), ce, acc))
         return loss, {"token_loss": ce[0], "acc": acc[0], **{f"acc{d}": acc[d] for d in range(1, max_drafts)}}
