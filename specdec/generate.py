@@ -100,7 +100,8 @@ def generate(
         verifier: a :class:`~specdec.verify.Verifier` for steps with drafts (default: the lossless one exact for
             the draft's scheme, or greedy); steps without drafts take the argmax or sample, as HF does.
         profile: synchronise the device between phases and report their times in ``stats.phase_times``
-            (adds syncs; for measurement only).
+            (adds syncs; for measurement only). The steps are those of an unprofiled run (same shapes, so a
+            captured drafter replays the graphs the run captured).
         fast: the fast path (:mod:`specdec.static`): ``True`` (or ``"graphs"``): a preallocated KV cache, the
             target's forward captured as a CUDA graph per padded size, a graphable drafter wrapped by
             :func:`specdec.graphs.cuda_graphed`; ``"compile"``: the same, with each captured function (target
@@ -173,7 +174,7 @@ def generate(
         if stats.clock is not None:
             stats.clock.start()
         out = step(adapter, out.state, drafter=drafter, num_drafts=k, sampling=params, source=source,
-                   active=active, verifier=verifier, clock=stats.clock, sync=profile, max_depth=depth)
+                   active=active, verifier=verifier, clock=stats.clock, sync=False, max_depth=depth)
         # A step with drafts synchronised once (out.emitted is on the host); a plain one left its tokens on their
         # way, and rows read them after the next step is queued (so the host's work overlaps the device's).
         stats.record(out.emitted, rows.active, out.draft, out.result, active)

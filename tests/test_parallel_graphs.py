@@ -369,3 +369,16 @@ def test_the_fast_path_with_each_parallel_drafter_gives_the_eager_tokens(method,
     assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.sequences, plain.sequences)
     assert fast.stats.num_target_forwards == eager.stats.num_target_forwards
     assert fast.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
+
+
+def test_a_profiled_run_replays_the_graphs_of_an_unprofiled_one(target):
+    """``generate(profile=True)`` runs the same steps (shapes) as an unprofiled run: on the fast path a captured
+    P-EAGLE drafter captures nothing new while profiled (before, the profiled run's synchronous steps fed it every
+    width from 1 to K + 1, and the captures inflated its draft time on the H200)."""
+    graphed, counter = _on_cpu(_drafter("peagle", target))
+    ids, mask = _prompts(2, 3)
+    for _ in range(2):
+        sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=14, fast=True)
+    captured = counter.calls
+    out = sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=14, fast=True, profile=True)
+    assert counter.calls == captured and set(out.stats.phase_times) >= {"draft", "target", "verify"}
