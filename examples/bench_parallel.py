@@ -115,15 +115,11 @@ def _trees_per_k(args, target, method: str, head, calibration: list) -> dict:
     """K -> tree choices of the ``<method>+tree`` rows: ``--tree`` pruned to depth K, or Medusa's optimal tree of
     depth <= K from the head's acceptance per depth and rank on the calibration prompts (level-wise drafts ignore
     their parent, so ``mode="continuation"`` is exact for them)."""
-    from specdec.trees import TREE_PRESETS
     from specdec.trees.optimize import measure_rank_acceptance, optimal_tree
 
-    if args.tree != "optimal":
-        preset = TREE_PRESETS.get(args.tree) or TREE_PRESETS.get(f"medusa_{args.tree}")
-        if preset is None:
-            raise SystemExit(f"--tree {args.tree!r}: use 'optimal' or a preset of specdec.trees.TREE_PRESETS "
-                             f"({', '.join(TREE_PRESETS)})")
-        return {k: tuple(p for p in preset if len(p) <= min(k, head.num_levels)) for k in args.ks}
+    if args.tree != "optimal":  # a preset name (the recipes' resolution and errors), pruned to depth K
+        choices = sd.recipes.medusa_tree(args.tree, head.num_levels).tree.choices
+        return {k: tuple(p for p in choices if len(p) <= min(k, head.num_levels)) for k in args.ks}
     if not calibration:
         raise SystemExit("--tree optimal needs calibration prompts: --data must hold rows past --num-prompts")
     levels = min(max(args.ks), head.num_levels)
