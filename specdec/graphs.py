@@ -385,6 +385,12 @@ class GraphedDrafter:
     def _captures_on(self, device: torch.device) -> bool:
         return device.type in self.device_types
 
+    def copies_feedback(self, device: torch.device) -> bool:
+        """Whether :meth:`update` copies a step's feedback into its captured inputs on ``device`` (it keeps no
+        reference to it), so a caller may pass tensors that its next step overwrites (the fast path's captured
+        step does)."""
+        return self._captures_on(device)
+
     def _track(self, buffers: Any) -> None:
         ids = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in _leaves(buffers))
         if ids != self._buffer_ids:  # new buffers: graphs captured on the old ones are stale

@@ -58,14 +58,14 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .fused import FusedDecoder, fused_support
-from .graphs import BoundMark, CapturedStep, capture_graph, capture_graph_ref, mark_bound, settle_bound
+from .graphs import BoundMark, CapturedStep, _spec, capture_graph, capture_graph_ref, mark_bound, settle_bound
 from .kernels import KVCompactPlan, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
@@ -254,9 +254,14 @@ def compiled_capture(capture: Callable[..., CapturedStep] = capture_graph, **com
     if not {"backend", "mode", "options"} & set(compile_kwargs):  # gpt-fast's inductor setting: tuned reductions
         compile_kwargs["options"] = {"coordinate_descent_tuning": True}
 
-    def capture_compiled(fn, inputs):
+    def compile_fn(fn):
         _raise_recompile_limits()
-        return capture(torch.compile(fn, dynamic=False, **compile_kwargs), inputs)
+        return torch.compile(fn, dynamic=False, **compile_kwargs)
+
+    def capture_compiled(fn, inputs):
+        return capture(compile_fn(fn), inputs)
+    # StaticAdapter.forward_commit compiles the model's forward alone and captures it with eager kernels after it
+    capture_compiled.compile_fn, capture_compiled.capture = compile_fn, capture
     return capture_compiled
 
 
@@ -655,17 +660,37 @@ class StaticAdapter:
         Returns ``(ForwardOutput, all_parents)``, ``all_parents`` ``[B, P + size]`` (the pending, new and padding
         nodes' parents).
         """
-        B, M = tokens.shape
-        P, Lc = state.num_pending, state.committed
+        M = tokens.shape[1]
         size = bucket_for(M, self.buckets)
         self._check_room(state, size, M)
-        start = Lc + P
         runner = buf.runners.get(size) if size <= self.buckets[-1] else None
+        inputs, all_parents = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner,
+                                                  size)
+        if size > self.buckets[-1]:  # beyond every bucket: eagerly, at its own size
+            logits, feats = self._model_fn(buf.cache)(*inputs)
+        else:
+            if runner is None:
+                runner = buf.runners[size] = self._capture_fn()(self._model_fn(buf.cache), inputs)
+            buf.high_water[size] = state.committed + state.num_pending + size
+            logits, feats = _replay(runner)
+        if size > M:
+            logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
+        return ForwardOutput(logits=logits, features=tuple(feats)), all_parents
+
+    def _bucket_inputs(self, buf: _Buffers, state: StaticCacheState, tokens, parents, positions, present,
+                       size: int, runner: CapturedStep | None, mark) -> tuple[tuple, torch.Tensor]:
+        """Write a bucket forward's inputs (``runner``'s static ones, or new tensors without a runner): the tokens and
+        positions (padding after them), the tree mask over the valid committed slots and the pending nodes, the
+        write slots. ``mark``: the key of ``buf.high_water`` of these mask columns. Returns ``(inputs,
+        all_parents)``, ``all_parents`` ``[B, P + size]``."""
+        B, M = tokens.shape
+        P, Lc = state.num_pending, state.committed
+        start = Lc + P
         if runner is not None:
-            tok_s, pos_s, mask_s, slot_s = runner.inputs
+            tok_s, pos_s, mask_s, slot_s = runner.inputs[:4]
             # The real nodes' columns of the captured inputs, as views made once per node count.
-            tok_m, pos_m = buf.consts.get(("inputs", size, M)) or buf.consts.setdefault(
-                ("inputs", size, M), (tok_s[:, :M], pos_s[:, :M]))
+            tok_m, pos_m = buf.consts.get(("inputs", mark, M)) or buf.consts.setdefault(
+                ("inputs", mark, M), (tok_s[:, :M], pos_s[:, :M]))
         else:
             device = tokens.device
             tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
@@ -686,24 +711,14 @@ class StaticAdapter:
         end = start + size
         tree_mask(state.committed_valid, all_parents, present, buf.dtype, out=mask_s[:, :, :, :end])
         # Columns past `end` must hide their (free) slots; they were written only by an earlier, wider forward.
-        high = buf.high_water.get(size, 0) if runner is not None else 0
+        high = buf.high_water.get(mark, 0) if runner is not None else 0
         if high > end:
             mask_s[:, :, :, end:high].fill_(torch.finfo(buf.dtype).min)
         if size <= buf.arange.shape[0]:
             torch.add(self._const(buf, ("arange", size), lambda: buf.arange[:size]), start, out=slot_s)
         else:
             slot_s.copy_(torch.arange(start, end, device=slot_s.device))
-        inputs = (tok_s, pos_s, mask_s, slot_s)
-        if size > self.buckets[-1]:  # beyond every bucket: eagerly, at its own size
-            logits, feats = self._model_fn(buf.cache)(*inputs)
-        else:
-            if runner is None:
-                runner = buf.runners[size] = self._capture_fn()(self._model_fn(buf.cache), inputs)
-            buf.high_water[size] = end
-            logits, feats = _replay(runner)
-        if size > M:
-            logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
-        return ForwardOutput(logits=logits, features=tuple(feats)), all_parents
+        return (tok_s, pos_s, mask_s, slot_s), all_parents
 
     def _run_plain(self, buf: _Buffers, state: StaticCacheState, tokens: torch.Tensor):
         """The plain step's forward (bucket 1, its own captured function): one token per row, kept at once.
@@ -771,6 +786,117 @@ class StaticAdapter:
         pending_present = present if not P else torch.cat([state.pending_present, present], 1)
         return out, state._replace(pending_parents=all_parents[:, :P + M], pending_present=pending_present,
                                    ticket=self._issue())
+
+    @torch.no_grad()
+    def forward_commit(self, state: StaticCacheState, tokens: torch.Tensor, parents: torch.Tensor,
+                       positions: torch.Tensor, present: torch.Tensor, decide: Callable, extra: tuple, key
+                       ) -> tuple[Any, StaticCacheState]:
+        """:meth:`forward`, a caller's decision on its outputs and :meth:`commit` with ``late=True``, as one captured
+        step (one graph replay on CUDA instead of a replay, the decision's launches and the commit's).
+
+        ``decide(logits, features, tokens, positions, *extra) -> (keep, counts, outputs)`` runs inside the capture,
+        right after the forward, on the forward's own outputs (no copies): ``logits [B, M, V]``, ``features`` (one
+        ``[B, M, H]`` per feature layer), the forward's ``tokens`` and ``positions [B, M]``; it returns the pending
+        indices each row keeps (``keep [B, A]``, ``-1`` padded), their count (``counts [B]``) and any tensors
+        (``outputs``). It must be a function of its tensor arguments alone, without host syncs (it is replayed);
+        ``key`` names it (one capture per bucket, node count, ``key`` and shapes of ``extra``). Each row's kept
+        slots then move to the row's own end of the cache (the device-side ``Lc`` is the captured write slot), as
+        :meth:`commit` with ``late=True``.
+
+        The returned ``outputs`` are the captured step's own tensors: valid until the next call of this method
+        (clone what must live longer). Past the largest bucket the same function runs eagerly.
+
+        Args:
+            state: a state with no pending slots (consumed).
+            tokens: Shape ``[B, M]``, the new nodes' tokens (``M`` = root + drafts).
+            parents: Shape ``[B, M]`` int64, parent of each node (``-1``: on the committed prefix), as
+                :meth:`forward`'s.
+            positions: Shape ``[B, M]`` int64, position ids.
+            present: Shape ``[B, M]`` bool, absent nodes see only themselves.
+            decide: see above.
+            extra: tensors passed to ``decide`` after ``positions`` (copied into the captured step's inputs).
+            key: hashable, names ``decide``'s computation.
+
+        Returns:
+            ``(outputs, state)``: ``decide``'s outputs and the state after the late commit (``Lc + A``
+            committed slots at most, each row's count added to ``lengths``).
+
+        Raises:
+            ValueError: ``state`` has pending slots.
+            CapacityError: as :meth:`forward`.
+        """
+        if state.num_pending:
+            raise ValueError(f"forward_commit() needs a state with no pending slots, this one has "
+                             f"{state.num_pending}: commit() the pending tree first")
+        buf = self._check_state(state)
+        _consume(state, "forward")
+        M = tokens.shape[1]
+        size = bucket_for(M, self.buckets)
+        state = self._tightened(state, size)
+        self._check_room(state, size, M)
+        Lc, ends = state.committed, buf.ends
+        if state.ends is None:
+            ends.fill_(Lc)
+        graph_key = ("commit", size, M, key, _spec(extra))
+        runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
+        inputs, _ = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner, graph_key)
+        if runner is not None:
+            for static, new in zip(runner.inputs[4:], extra):
+                static.copy_(new)
+            outputs, keep, counts = runner._run()
+        else:
+            step = self._commit_fn(buf, size, M, decide)
+            if size > self.buckets[-1]:
+                outputs, keep, counts = step(*inputs, *extra)
+            else:
+                runner = buf.runners[graph_key] = self._capture_committing(buf, step, (*inputs, *extra))
+                outputs, keep, counts = runner._run()
+        buf.high_water[graph_key] = Lc + size
+        A = keep.shape[1]
+        buf.plain.at = None  # new committed slots: the plain mask row is rebuilt
+        mark = state.mark if state.mark is not None else mark_bound(ends, Lc + A)
+        return outputs, self._committed(buf, state, A, counts, ends=ends, mark=mark)
+
+    def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable) -> Callable:
+        """The function :meth:`forward_commit` captures: forward, ``decide``, then the moves to the rows' ends."""
+        model = self._model_fn(buf.cache)
+        compile_fn = getattr(self._capture_fn(), "compile_fn", None)
+        if compile_fn is not None:  # compile the forward alone: the kernels after it run as they are
+            model = compile_fn(model)
+        valid, ends, plan = buf.valid, buf.ends, buf.compact
+
+        def run(tokens, positions, mask, slots, *extra):
+            logits, feats = model(tokens, positions, mask, slots)
+            if size > M:
+                logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
+            keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], *extra)
+            plan.move_to_ends(keep, slots[:1], ends)  # no pending slots before: the first write slot is Lc
+            columns = torch.arange(keep.shape[1], device=keep.device)[None, :]
+            # The row's A slots from its end: the kept ones valid, the rest not (nothing past an end is valid).
+            valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
+            ends.add_(counts)
+            return outputs, keep, counts
+        return run
+
+    def _capture_committing(self, buf: _Buffers, step: Callable, inputs: tuple) -> CapturedStep:
+        """Capture ``step`` (which moves cache entries and updates ``valid`` / ``ends`` in place): the capture's
+        eager warm-up runs leave ``valid`` and ``ends`` as they found them (their cache writes land on slots the
+        replay rewrites or that ``valid`` hides)."""
+        capture = self._capture_fn()
+        capture = getattr(capture, "capture", capture)  # the forward inside is compiled by _commit_fn
+        state, capturing = (buf.valid, buf.ends), [True]
+
+        def run(*args):
+            if not capturing[0] or (args[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+                return step(*args)
+            saved = [t.clone() for t in state]
+            out = step(*args)
+            for t, s in zip(state, saved):
+                t.copy_(s)
+            return out
+        runner = capture(run, inputs)
+        capturing[0] = False
+        return runner
 
     @torch.no_grad()
     def decode(self, state: StaticCacheState, tokens: torch.Tensor) -> tuple[ForwardOutput, StaticCacheState]:

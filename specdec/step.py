@@ -273,8 +273,12 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     # 2. Target forward over [root] + drafts under the tree mask, positions = prefix length + depth.
     present = draft.parents >= 0
     present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
-    out, pending = adapter.forward(cache, torch.cat([roots[:, None], draft.tokens], 1), draft.parents,
-                                   cache.lengths[:, None] + draft.depths, present)
+    nodes, positions = torch.cat([roots[:, None], draft.tokens], 1), cache.lengths[:, None] + draft.depths
+    if late and verifier is None and sampling.is_greedy and hasattr(adapter, "forward_commit"):
+        # 2-4 as one captured step on the fast path: forward, greedy verify, emitted tokens, feedback rows, keep.
+        return _tree_captured(adapter, state, draft, nodes, positions, present, num_drafts, bad, drafter, active,
+                              clock)
+    out, pending = adapter.forward(cache, nodes, draft.parents, positions, present)
     _tick(clock, "target")
     # 3. Verify: every verifier is called the same way; drafts are never deeper than K (no sync for the depth).
     verifier = select_verifier(draft.scheme, sampling) if verifier is None else as_verifier(verifier)
@@ -324,17 +328,63 @@ def _tree_late(adapter, state: DecodeState, out, pending, draft: Draft, result: 
     # 4. Each row's accepted path moves to the row's own end of the cache (no host sync: see StaticAdapter.commit).
     cache = adapter.commit(pending, path, keep_counts, late=True)
     _tick(clock, "commit")
-    drafter_state = state.drafter_state
+    rows = None
     if drafter is not None:
         # 5. The drafter absorbs K + 1 columns; those past a row's count are marked invalid.
         rows = accepted_feedback(state.roots, tokens, keep_counts, pending.lengths, D1, out.features, path)
+    return _late_output(state, cache, draft, result, path, tokens, counts, rows, bad, drafter, clock)
+
+
+def _greedy_decision(verifier, num_drafts: int, scheme) -> Callable:
+    """What the fast path's captured step runs after the target's forward of ``[root] + drafts`` when greedy: the
+    verification, the emitted tokens and the drafter's feedback rows, as :func:`_tree` and :func:`_tree_late` do
+    (see :meth:`specdec.static.StaticAdapter.forward_commit` for the signature)."""
+
+    def decide(logits, features, nodes, positions, parents, active):
+        draft = Draft(tokens=nodes[:, 1:], parents=parents, depths=positions - positions[:, :1], draft_probs=None,
+                      scheme=scheme)
+        result = verifier(logits, draft, None, max_depth=num_drafts)  # greedy verifiers take raw logits
+        tokens, counts = emitted_tokens(draft, result)
+        keep_counts = counts * active
+        D1 = min(result.accepted_nodes.shape[1], nodes.shape[1])
+        path = result.accepted_nodes[:, :D1]
+        rows = accepted_feedback(nodes[:, 0], tokens, keep_counts, positions[:, 0], D1, features, path)
+        return path, keep_counts, (result, tokens, counts, rows, path)
+    return decide
+
+
+def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, present, num_drafts: int,
+                   bad: torch.Tensor | None, drafter, active, clock) -> StepOutput:
+    """:func:`_tree_late` for a greedy step on an adapter with ``forward_commit``: forward, verify, emitted tokens,
+    feedback rows and the late commit replay as one captured step (identical results, fewer launches)."""
+    verifier = select_verifier(draft.scheme, GREEDY)
+    live = _all_rows(state.roots) if active is None else active
+    (result, tokens, counts, rows, path), cache = adapter.forward_commit(
+        state.cache, nodes, draft.parents, positions, present, _greedy_decision(verifier, num_drafts, draft.scheme),
+        (draft.parents, live), ("greedy", verifier, num_drafts, draft.scheme))
+    for phase in ("target", "verify", "commit"):
+        _tick(clock, phase)
+    # The captured step's outputs are overwritten by its next replay: the new roots outlive it.
+    result = result._replace(next_tokens=result.next_tokens.clone())
+    copies = getattr(drafter, "copies_feedback", None)
+    if drafter is not None and not (copies is not None and copies(tokens.device)):
+        rows = type(rows)(*(tuple(t.clone() for t in f) if isinstance(f, tuple) else f.clone() for f in rows))
+    return _late_output(state, cache, draft, result, path, tokens, counts, rows, bad, drafter, clock)
+
+
+def _late_output(state: DecodeState, cache, draft: Draft, result: VerifyResult, path: torch.Tensor,
+                 tokens: torch.Tensor, counts: torch.Tensor, rows, bad: torch.Tensor | None, drafter, clock
+                 ) -> StepOutput:
+    """A late tree step's end: the drafter absorbs ``rows``, and the tokens start their way to the host."""
+    drafter_state = state.drafter_state
+    if drafter is not None:
         drafter_state = drafter.update(drafter_state, Feedback(
             tokens=rows.committed, next_tokens=rows.next_tokens, positions=rows.positions, valid=rows.valid,
             features=rows.features, roots=result.next_tokens, accepted_nodes=path))
         _tick(clock, "update")
     # The tokens on their way to the host: per row its count, its tokens, then the bad-id flags (read one step late).
     packed = torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)
-    T = tokens.shape[1]
+    T, D1 = tokens.shape[1], path.shape[1]
 
     def read(host: list[list[int]]) -> list[list[int]]:
         _raise_on_bad_ids([[0, 0] + row[1 + T:] for row in host], drafter, 2)

@@ -566,6 +566,57 @@ def test_late_commits_keep_rows_dense_and_give_the_eager_forwards(device):
             assert st_f.ends is None and st_f.committed == max(ends) + 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_captured_forward_and_commit_equals_forward_then_a_late_commit(device):
+    """StaticAdapter.forward_commit (forward, the caller's decision and the late commit as one captured step, Lc
+    read on the device) leaves the cache as forward() + commit(late=True) do, over replays at growing Lc, a plain
+    step between, and a tree wider than every bucket (run eagerly); the capture's warm-up runs change nothing."""
+    model = tiny_model("llama").to(device)
+    ids, mask = _prompts(3, device)
+    capture = None if device == "cuda" else (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=2))
+    ref = StaticAdapter(model, (0, 2), capacity=capacity_for(ids.shape[1], 90, 64), buckets=(1, 8, 16))
+    cap = StaticAdapter(model, (0, 2), capacity=capacity_for(ids.shape[1], 90, 64), buckets=(1, 8, 16),
+                        capture=capture)
+    _, st_r = ref.prefill(ids, mask)
+    _, st_c = cap.prefill(ids, mask)
+
+    def decide(logits, features, tokens, positions, keep, counts):  # the kept paths come in as inputs
+        return keep, counts, (logits * 1, tuple(f * 1 for f in features), tokens * 1, positions * 1)
+
+    rng = random.Random(5)
+    for k, nodes in enumerate([6, 7, 6, 13, 20, 6]):
+        parents = random_forest(rng, 3, nodes).to(device)
+        tokens, positions, present = _tree_inputs(st_r, parents, k)
+        paths = [_random_path(row) for row in parents.tolist()]
+        paths[k % 3] = paths[k % 3][:1]
+        counts = torch.tensor([len(p) for p in paths], device=device)
+        keep = torch.tensor([p + [-1] * (4 - len(p)) if len(p) <= 4 else p[:4] for p in paths], device=device)
+        counts = counts.clamp(max=4)
+        out_r, st_r = ref.forward(st_r, tokens, parents, positions, present)
+        st_r = ref.commit(st_r, keep, counts, late=True)
+        (logits, feats, seen_tokens, seen_positions), st_c = cap.forward_commit(
+            st_c, tokens, parents, positions, present, decide, (keep, counts), "given")
+        torch.testing.assert_close(logits, out_r.logits, atol=2e-5, rtol=1e-5)
+        for a, b in zip(feats, out_r.features):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+        assert torch.equal(seen_tokens, tokens) and torch.equal(seen_positions, positions)
+        assert st_c.committed == st_r.committed and torch.equal(st_c.lengths, st_r.lengths)
+        assert torch.equal(st_c.ends, st_r.ends) and torch.equal(st_c.valid, st_r.valid)
+        if k == 2:  # a plain step between: the same token logits from both caches
+            roots = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(k)).to(device)
+            out_r, st_r = ref.decode(st_r, roots)
+            out_c, st_c = cap.decode(st_c, roots)
+            _assert_same(out_r, out_c)
+    # the next forwards see the same cache
+    parents = random_forest(rng, 3, 5).to(device)
+    _forward_both(ref, cap, st_r, st_c, parents, 99)
+    assert [key[:3] for key in cap._store.buffers.runners if isinstance(key, tuple)] == [
+        ("commit", 8, 7), ("commit", 8, 8), ("commit", 16, 14)]  # root + nodes; 21 > every bucket: eagerly
+    with pytest.raises(ValueError, match="no pending slots"):
+        _, pending = cap.forward(cap.prefill(ids, mask)[1], tokens[:, :2], parents[:, :2], positions[:, :2])
+        cap.forward_commit(pending, tokens, parents, positions, present, decide, (keep, counts), "given")
+
+
 @pytest.mark.parametrize("name", ["eagle2", "draft_model_tree", "prompt_lookup"])
 def test_steps_with_drafts_and_sync_false_hand_over_late_tokens_equal_to_the_eager_ones(name):
     from specdec.step import LateTokens

@@ -330,6 +330,14 @@ def test_accepted_feedback_kernel_equals_reference(batch, nodes, depth):
         assert got.features == want.features == ()
     committed, following, positions, valid, _ = want
     assert (committed >= 0).all() and (following >= 0).all() and valid.dtype == torch.bool
+    # [B] inputs that are strided views (columns of a captured step's inputs) are read right, not densely
+    columns = torch.stack([roots, lengths, keep, torch.zeros_like(keep)], 1)  # [B, 4]: column views of stride 4
+    got = kernel(accepted_feedback, columns[:, 0], tokens, columns[:, 2], columns[:, 1], depth + 1)
+    want = reference(accepted_feedback, roots, tokens, keep, lengths, depth + 1)
+    assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4]))
+    got = kernel(emitted_tokens, draft_tokens, path, torch.stack([accepted, nxt], 1)[:, 0],
+                 torch.stack([accepted, nxt], 1)[:, 1])
+    assert all(torch.equal(a, b) for a, b in zip(got, (tokens, counts)))
 
 
 @needs_kernels
@@ -497,6 +505,45 @@ def test_a_compaction_plan_moves_what_compact_kv_moves(layers, batch, heads, com
         plan(keep, counts, committed + pending)
     with pytest.raises(ValueError, match="keep must be"):
         plan(keep[:1] if batch > 1 else keep[:, :, None], counts, committed)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layers,batch,heads,committed,pending,width,head_dim,dtype,strided", KV_CASES)
+def test_a_plan_moves_to_the_rows_ends_with_lc_read_on_the_device(layers, batch, heads, committed, pending, width,
+                                                                  head_dim, dtype, strided):
+    # move_to_ends(keep, base, dest) with Lc as a device scalar == compact_kv_ref(..., Lc, inplace, dest), both
+    # dispatches; on CUDA a graph captured at one Lc replays right at another (the fast path's captured step).
+    keys, values = cache_tensors(committed + pending + 4, layers, batch, heads, committed + pending + 2, head_dim,
+                                 dtype, strided)
+    keep, counts = accepted_paths(width + 3, batch, pending, width)
+    dest = torch.randint(0, committed + 1, (batch,), generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    dest[0] = committed  # moves that overlap their own sources
+    for lc in (committed, committed + 2):
+        want = [t.clone() for t in keys], [t.clone() for t in values]
+        compact_kv_ref(*want, keep, counts, lc, inplace=True, dest=dest)
+        for run in (kernel, reference):
+            got = [t.clone() for t in keys], [t.clone() for t in values]
+            run(KVCompactPlan(*got).move_to_ends, keep, torch.tensor([lc], device=DEVICE), dest)
+            for w, g in zip(want[0] + want[1], got[0] + got[1]):
+                assert torch.equal(w, g)
+    with pytest.raises(ValueError, match="move_to_ends"):
+        KVCompactPlan(keys, values).move_to_ends(keep, torch.tensor([0, 1], device=DEVICE), dest)
+    if DEVICE != "cuda":
+        return
+    got = [t.clone() for t in keys], [t.clone() for t in values]
+    plan, base = KVCompactPlan(*got), torch.tensor([committed], device=DEVICE)
+    plan.move_to_ends(keep, base, dest)  # first launch outside the capture (pointer tables, compilation)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.move_to_ends(keep, base, dest)
+    for t, k in zip(got[0] + got[1], keys + values):
+        t.copy_(k)
+    base.fill_(committed + 2)
+    graph.replay()
+    want = [t.clone() for t in keys], [t.clone() for t in values]
+    compact_kv_ref(*want, keep, counts, committed + 2, inplace=True, dest=dest)
+    for w, g in zip(want[0] + want[1], got[0] + got[1]):
+        assert torch.equal(w, g)
 
 
 def test_compact_kv_identity_prefix_and_empty_keep_are_views():

@@ -90,8 +90,9 @@ def _emitted_tokens_triton(draft_tokens, accepted_nodes, num_accepted, next_toke
         counts = torch.empty_like(num_accepted)
     if batch:
         source = draft_tokens if draft_tokens.shape[1] else accepted_nodes  # never read when N = 0
-        _emit_kernel[(batch,)](
-            source, accepted_nodes, num_accepted, next_tokens.to(dtype), tokens, counts, width,
+        _emit_kernel[(batch,)](  # [B] inputs indexed densely
+            source, accepted_nodes, num_accepted.contiguous(), next_tokens.to(dtype).contiguous(), tokens, counts,
+            width,
             source.stride(0), source.stride(1), accepted_nodes.stride(0), accepted_nodes.stride(1),
             BLOCK=next_pow2(width),
         )
@@ -268,7 +269,10 @@ def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width, featur
     if not launches:
         launches.append(([], None))
     if batch and width:
-        roots_t = roots.to(tokens.dtype)
+        # the kernel indexes the [B] inputs densely: a strided view (e.g. a column of a captured step's input) is
+        # copied first (a no-op for the usual contiguous ones)
+        roots_t = roots.to(tokens.dtype).contiguous()
+        keep_counts, lengths = keep_counts.contiguous(), lengths.contiguous()
         for n, (chunk, dst) in enumerate(launches):
             srcs = [features[i] for i in chunk]
             f = srcs[0] if srcs else tokens  # never read without features (NUM = 0)

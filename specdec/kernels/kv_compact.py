@@ -106,13 +106,7 @@ def compact_kv_ref(
     kept = keep.shape[1]
     tensors = list(keys) + list(values)
     if dest is not None:
-        if kept:
-            index = keep.long().clamp(min=0) + lc
-            target = dest.long()[:, None] + torch.arange(kept, device=keep.device)[None, :]
-            for t in tensors:
-                shape = (t.shape[0], t.shape[1], kept, t.shape[3])
-                moved = t.gather(2, index[:, None, :, None].expand(shape))  # read every kept slot, then write
-                t.scatter_(2, target[:, None, :, None].expand(shape), moved)
+        _move_rows(tensors, keep, lc, dest)
         out = [t[:, :, : lc + kept] for t in tensors]
         return out[: len(keys)], out[len(keys):]
     if kept == 0:
@@ -132,13 +126,28 @@ def compact_kv_ref(
     return out[: len(keys)], out[len(keys):]
 
 
+def _move_rows(tensors: list, keep: torch.Tensor, base, dest: torch.Tensor) -> None:
+    """Torch form of the per-row moves: slot ``dest[b] + a`` of each tensor takes slot ``base + max(keep[b, a], 0)``
+    (``base``: an int or a device scalar), every kept slot read before any is written."""
+    kept = keep.shape[1]
+    if not kept:
+        return
+    index = keep.long().clamp(min=0) + base
+    target = dest.long()[:, None] + torch.arange(kept, device=keep.device)[None, :]
+    for t in tensors:
+        shape = (t.shape[0], t.shape[1], kept, t.shape[3])
+        moved = t.gather(2, index[:, None, :, None].expand(shape))
+        t.scatter_(2, target[:, None, :, None].expand(shape), moved)
+
+
 @jit
-def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, dest_ptr, batch, heads, committed, kept, head_dim,
-                       stride_sb, stride_sh, stride_sl, stride_sd, stride_db, stride_dh, stride_dl, stride_dd,
+def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, dest_ptr, base_ptr, batch, heads, committed, kept,
+                       head_dim, stride_sb, stride_sh, stride_sl, stride_sd, stride_db, stride_dh, stride_dl, stride_dd,
                        stride_kb, stride_ka,
-                       INPLACE: tl.constexpr, DEST: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_A: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
-    """One program per (cache tensor, row, head): copy the committed slots (unless in place), then the kept ones."""
+                       INPLACE: tl.constexpr, DEST: tl.constexpr, BASE: tl.constexpr, BLOCK_S: tl.constexpr,
+                       BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (cache tensor, row, head): copy the committed slots (unless in place), then the kept ones.
+    ``BASE``: the first pending slot is read from ``base_ptr`` (a device scalar: a captured step's ``Lc``)."""
     pid = tl.program_id(0).to(tl.int64)
     tensor = pid // (batch * heads)
     row = (pid // heads) % batch
@@ -157,7 +166,11 @@ def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, dest_ptr, batch,
     a_ok = a < kept
     index = tl.maximum(tl.load(keep_ptr + row * stride_kb + a * stride_ka, mask=a_ok, other=0), 0)
     ok = a_ok[:, None] & dims_ok[None, :]
-    x = tl.load(src + (committed + index)[:, None] * stride_sl + dims[None, :] * stride_sd, mask=ok)
+    if BASE:
+        first_pending = tl.load(base_ptr)
+    else:
+        first_pending = committed
+    x = tl.load(src + (first_pending + index)[:, None] * stride_sl + dims[None, :] * stride_sd, mask=ok)
     if INPLACE:
         tl.debug_barrier()  # every kept slot is read before any is overwritten (moves may overlap)
     if DEST:  # per-row destinations (the static cache's dense row ends)
@@ -218,14 +231,15 @@ def _groups(tensors: list, results: list, inplace: bool) -> list[_Group]:
 
 
 def _launch(group: _Group, keep: torch.Tensor, dest: torch.Tensor | None, batch: int, lc: int, kept: int,
-            inplace: bool) -> None:
-    """One launch of the kernel over a group's tensors."""
+            inplace: bool, base: torch.Tensor | None = None) -> None:
+    """One launch of the kernel over a group's tensors (``base``: ``Lc`` as a device scalar instead of ``lc``)."""
     block_d = next_pow2(group.head_dim)
     _kv_compact_kernel[(len(group.src) * batch * group.heads,)](
         group.src_table, group.dst_table, group.src[0], keep, keep if dest is None else dest,
-        batch, group.heads, lc, kept, group.head_dim, *group.src_stride, *group.dst_stride, *keep.stride(),
-        INPLACE=inplace, DEST=dest is not None, BLOCK_S=max(1, 2048 // block_d), BLOCK_A=next_pow2(kept),
-        BLOCK_D=block_d,
+        keep if base is None else base, batch, group.heads, lc, kept, group.head_dim, *group.src_stride,
+        *group.dst_stride, *keep.stride(),
+        INPLACE=inplace, DEST=dest is not None, BASE=base is not None, BLOCK_S=max(1, 2048 // block_d),
+        BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
     )
 
 
@@ -294,6 +308,35 @@ class KVCompactPlan:
         dest = None if dest is None else dest.long()
         for group in self._groups:
             _launch(group, keep, dest, self.batch, committed_len, kept, True)
+
+    def move_to_ends(self, keep: torch.Tensor, base: torch.Tensor, dest: torch.Tensor) -> None:
+        """Move each row's kept pending slots in place to the row's own end, reading ``Lc`` from the device.
+
+        Math, per row ``b`` and ``a < A`` (every layer's keys and values): slot ``dest[b] + a`` takes slot
+        ``base + max(keep[b, a], 0)`` (all reads before any write); as ``self(keep, counts, Lc, dest=dest)`` with
+        ``Lc = base``, without a host value of ``Lc``: a captured step (a CUDA graph) replays it at every ``Lc``.
+        Entries past a row's count are moved too (they land on slots its ``valid`` row marks invalid). No checks
+        that need the host: the caller guarantees ``dest[b] + A <= L`` and ``base + P <= L``.
+
+        Args:
+            keep: Shape ``[B, A]`` int64, pending indices to keep, ``-1`` padded.
+            base: Shape ``[1]`` int64 (device), ``Lc``: the first pending slot.
+            dest: Shape ``[B]`` int64 (device), each row's first destination slot (``<= Lc``).
+        """
+        if keep.dim() != 2 or keep.shape[0] != self.batch or tuple(dest.shape) != (self.batch,) or base.numel() != 1:
+            raise ValueError(f"KVCompactPlan.move_to_ends: keep [B, A], dest [B] and base [1] with B = {self.batch}, "
+                             f"got {tuple(keep.shape)}, {tuple(dest.shape)}, {tuple(base.shape)}")
+        kept = keep.shape[1]
+        if kept == 0:
+            return
+        if not use_kernel("compact_kv", keep, base, dest, self.keys[0]):
+            _move_rows(self.keys + self.values, keep, base.long(), dest)
+            return
+        if self._groups is None:
+            tensors = self.keys + self.values
+            self._groups = _groups(tensors, tensors, True)
+        for group in self._groups:
+            _launch(group, keep.long(), dest.long(), self.batch, 0, kept, True, base=base.long())
 
 
 def compact_kv(
