@@ -112,24 +112,26 @@ TREE_RECIPES = {"P-EAGLE": lambda h, t: sd.recipes.peagle(h, tree=t),
 
 
 def _trees_per_k(args, target, method: str, head, calibration: list) -> dict:
-    """K -> tree choices of the ``<method>+tree`` rows: ``--tree`` pruned to depth K, or Medusa's optimal tree of
-    depth <= K from the head's acceptance per depth and rank on the calibration prompts (level-wise drafts ignore
-    their parent, so ``mode="continuation"`` is exact for them)."""
+    """Row suffix -> K -> tree choices of the ``<method>+tree`` rows: ``--tree`` pruned to depth K (suffix
+    ``+tree``), or Medusa's optimal tree of depth <= K from the head's acceptance per depth and rank on the
+    calibration prompts (level-wise drafts ignore their parent, so ``mode="continuation"`` is exact for them), one
+    per ``--tree-nodes`` budget (suffix ``+tree``, or ``+tree<nodes>`` when several budgets are swept)."""
     from specdec.trees.optimize import measure_rank_acceptance, optimal_tree
 
     if args.tree != "optimal":  # a preset name (the recipes' resolution and errors), pruned to depth K
         choices = sd.recipes.medusa_tree(args.tree, head.num_levels).tree.choices
-        return {k: tuple(p for p in choices if len(p) <= min(k, head.num_levels)) for k in args.ks}
+        return {"+tree": {k: tuple(p for p in choices if len(p) <= min(k, head.num_levels)) for k in args.ks}}
     if not calibration:
         raise SystemExit("--tree optimal needs calibration prompts: --data must hold rows past --num-prompts")
     levels = min(max(args.ks), head.num_levels)
     acc = measure_rank_acceptance(target, lambda t: TREE_RECIPES[method](head, t), calibration, num_levels=levels,
                                   num_ranks=8, max_new_tokens=args.max_new_tokens, eos_token_id=[],
                                   mode="continuation", progress=False)
-    nodes = args.tree_nodes or args.total_tokens
+    budgets = args.tree_nodes or [args.total_tokens]
     print(f"{method}: acceptance per depth of ranks 1-3 (calibration, {len(calibration)} prompts): "
           + "; ".join(" ".join(f"{a:.2f}" for a in row[:3]) for row in acc.probs.tolist()))
-    return {k: optimal_tree(acc, nodes, max_depth=k) for k in args.ks}
+    return {("+tree" if len(budgets) == 1 else f"+tree{nodes}"): {k: optimal_tree(acc, nodes, max_depth=k)
+                                                                   for k in args.ks} for nodes in budgets}
 
 
 def _draft_ms(target, drafter, prompts, n, k, repeats: int, fast=False) -> tuple[dict, dict]:
@@ -192,8 +194,9 @@ def main(argv=None):
                          "mc_sim_7b_63 (pruned to depth K), or 'optimal' (Medusa's greedy tree of --tree-nodes nodes "
                          "and depth <= K from each head's per-depth, per-rank acceptance measured on calibration "
                          "prompts that are not evaluated): rows '<method>+tree'")
-    ap.add_argument("--tree-nodes", type=int, default=None, help="node budget of 'optimal' trees (default: "
-                    "--total-tokens, the EAGLE trees' size)")
+    ap.add_argument("--tree-nodes", type=int, nargs="+", default=None,
+                    help="node budget(s) of 'optimal' trees (default: --total-tokens, the EAGLE trees' size); several "
+                         "budgets give rows '<method>+tree<nodes>' each (a tree-size sweep in one run)")
     ap.add_argument("--calibration-prompts", type=int, default=8,
                     help="prompts of the 'optimal' trees' calibration, read after the evaluated ones in --data")
     ap.add_argument("--num-prompts", type=int, default=30)
@@ -240,18 +243,19 @@ def main(argv=None):
     methods = {"HF vanilla": bench.hf_method(target, n)}
     if draft is not None:
         methods["HF assisted"] = bench.hf_method(target, n, assistant_model=draft)
-    drafters, trees = {}, {}
+    drafters, trees = {}, {}  # trees: row name ("P-EAGLE+tree", "P-EAGLE+tree120") -> K -> tree choices
     if args.tree:
         for method, (head, _make) in list(heads.items()):
             if method in TREE_RECIPES:
-                trees[method] = _trees_per_k(args, target, method, head, calibration)
-                heads[f"{method}+tree"] = (head, lambda h, k, m=method: TREE_RECIPES[m](h, trees[m][k]))
+                for suffix, per_k in _trees_per_k(args, target, method, head, calibration).items():
+                    trees[method + suffix] = per_k
+                    heads[method + suffix] = (head, lambda h, k, m=method, t=per_k: TREE_RECIPES[m](h, t[k]))
     for method, (head, make) in heads.items():
         for k in args.ks:
             if args.only and f"{method} K={k}" not in args.only:
                 continue
             drafter = make(head, k)
-            depth = max(map(len, trees[method.removesuffix("+tree")][k])) if method.endswith("+tree") else k
+            depth = max(map(len, trees[method][k])) if method in trees else k
             drafters[(method, k)] = drafter, depth
             sized = {"max_cache_len": args.prompt_tokens + n} if fast else {}  # one cache size: no re-capture
             methods[f"{method} K={k}"] = bench.specdec_method(target, lambda d=drafter: d, n, num_drafts=depth,
@@ -267,7 +271,8 @@ def main(argv=None):
         rows.append({"method": method, "K": k, "tokens_per_second": r.tokens_per_second, "speedup": r.speedup,
                      "tau": r.tau, "acceptance_per_depth": r.acceptance_per_depth, "greedy_match": r.greedy_match,
                      "draft_ms": phases.get("draft", float("nan")), "phases_ms_per_step": phases,
-                     "graph_counts_while_profiled": graph_counts})
+                     "graph_counts_while_profiled": graph_counts,
+                     "tree_nodes": len(trees[method][k]) if method in trees else None})
     measured = results[0].extra["prompts"]
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     title = (f"{os.path.basename(str(args.target).rstrip('/'))}, {args.dtype}, greedy, batch 1, {measured} prompts, "

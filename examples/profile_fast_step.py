@@ -8,9 +8,10 @@ function splits them into regions:
 
 - ``target graph``: inside the target's captured bucket forward (one replay on CUDA);
 - ``drafter graphs``: inside the drafter's captured draft / absorb steps (one replay each on CUDA);
-- ``kernels``: launches of the Triton kernels the fast path calls (``tree_mask``, ``compact_kv``,
-  ``verify_greedy``, ``emitted_tokens``, ``accepted_feedback``): counted as one op each,
-  since on CUDA each is one launch (on CPU their torch references run);
+- ``kernels``: launches of the Triton kernels the fast path calls outside the graphs (``tree_mask``,
+  ``compact_kv``, ``verify_greedy``, ``emitted_tokens``, ``accepted_feedback``): counted as one op each,
+  since on CUDA each is one launch (on CPU their torch references run); inside a captured function they are part
+  of its replay and count to its region;
 - ``outside``: every other aten op, the eager work around the graphs (what this issue cuts).
 
 Per step = (ops of a long call - ops of a short call) / (steps of the long call - steps of the short call), so the
@@ -91,6 +92,8 @@ def _in_region(counter: OpCounter, region: str, fn: Callable) -> Callable:
 def _kernel(counter: OpCounter, name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)  # keeps the attributes callers read (a verifier's ``takes_logits``)
     def run(*args, **kwargs):
+        if counter._stack[-1] in ("target graph", "drafter graphs"):  # part of a replay on CUDA, not a launch
+            return fn(*args, **kwargs)
         counter.ops["kernels"][name] += 1
         with counter.within("kernels"):
             return fn(*args, **kwargs)
@@ -178,6 +181,8 @@ def per_step(model, ids: torch.Tensor, method: str, short: int = 6, long: int = 
     result = {region: (t2[region] - t1[region]) / (s2 - s1) for region in REGIONS}
     result["outside ops"] = {name: (c2.ops["outside"][name] - c1.ops["outside"][name]) / (s2 - s1)
                              for name in c2.ops["outside"]}
+    result["kernel launches"] = {name: (c2.ops["kernels"][name] - c1.ops["kernels"][name]) / (s2 - s1)
+                                 for name in c2.ops["kernels"]}
     return result
 
 
@@ -276,6 +281,8 @@ def main() -> None:
         for method, batch, result in rows:
             named = sorted(((n, c) for n, c in result["outside ops"].items() if c), key=lambda x: -x[1])
             print(f"\n{method} B={batch} outside: " + ", ".join(f"{n.removeprefix('aten.')} {c:g}" for n, c in named))
+            launches = sorted(((n, c) for n, c in result["kernel launches"].items() if c), key=lambda x: -x[1])
+            print(f"{method} B={batch} kernel launches: " + (", ".join(f"{n} {c:g}" for n, c in launches) or "none"))
 
 
 if __name__ == "__main__":

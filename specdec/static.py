@@ -801,7 +801,8 @@ class StaticAdapter:
         (``outputs``). It must be a function of its tensor arguments alone, without host syncs (it is replayed);
         ``key`` names it (one capture per bucket, node count, ``key`` and shapes of ``extra``). Each row's kept
         slots then move to the row's own end of the cache (the device-side ``Lc`` is the captured write slot), as
-        :meth:`commit` with ``late=True``.
+        :meth:`commit` with ``late=True``. The model reads the ids clamped into ``[0, V)`` (with a known
+        ``vocab_size``: an id outside never reaches the embedding); ``decide`` sees them as given, to flag them.
 
         The returned ``outputs`` are the captured step's own tensors: valid until the next call of this method
         (clone what must live longer). Past the largest bucket the same function runs eagerly.
@@ -863,10 +864,10 @@ class StaticAdapter:
         compile_fn = getattr(self._capture_fn(), "compile_fn", None)
         if compile_fn is not None:  # compile the forward alone: the kernels after it run as they are
             model = compile_fn(model)
-        valid, ends, plan = buf.valid, buf.ends, buf.compact
+        valid, ends, plan, vocab = buf.valid, buf.ends, buf.compact, self.vocab_size
 
         def run(tokens, positions, mask, slots, *extra):
-            logits, feats = model(tokens, positions, mask, slots)
+            logits, feats = model(tokens if vocab is None else tokens.clamp(0, vocab - 1), positions, mask, slots)
             if size > M:
                 logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
             keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], *extra)

@@ -267,17 +267,19 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
           verifier, clock, late: bool = False) -> StepOutput:
     """A step with drafts: the tree path (``late``: without a host sync, see :func:`step`)."""
     roots, cache = state.roots, state.cache
+    captured = late and verifier is None and sampling.is_greedy and hasattr(adapter, "forward_commit")
     # A drafter bug must not reach the embedding (a device-side assert on CUDA): clamp the ids and remember the
-    # bad nodes; the first one is reported at the step's host sync below.
-    draft, bad = _sanitised(draft, adapter.vocab_size)
+    # bad nodes; the first one is reported at the step's host sync below (the captured step does both inside).
+    bad = None
+    if not captured:
+        draft, bad = _sanitised(draft, adapter.vocab_size)
     # 2. Target forward over [root] + drafts under the tree mask, positions = prefix length + depth.
     present = draft.parents >= 0
     present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
     nodes, positions = torch.cat([roots[:, None], draft.tokens], 1), cache.lengths[:, None] + draft.depths
-    if late and verifier is None and sampling.is_greedy and hasattr(adapter, "forward_commit"):
+    if captured:
         # 2-4 as one captured step on the fast path: forward, greedy verify, emitted tokens, feedback rows, keep.
-        return _tree_captured(adapter, state, draft, nodes, positions, present, num_drafts, bad, drafter, active,
-                              clock)
+        return _tree_captured(adapter, state, draft, nodes, positions, present, num_drafts, drafter, active, clock)
     out, pending = adapter.forward(cache, nodes, draft.parents, positions, present)
     _tick(clock, "target")
     # 3. Verify: every verifier is called the same way; drafts are never deeper than K (no sync for the depth).
@@ -335,33 +337,38 @@ def _tree_late(adapter, state: DecodeState, out, pending, draft: Draft, result: 
     return _late_output(state, cache, draft, result, path, tokens, counts, rows, bad, drafter, clock)
 
 
-def _greedy_decision(verifier, num_drafts: int, scheme) -> Callable:
+def _greedy_decision(verifier, num_drafts: int, scheme, vocab: int | None) -> Callable:
     """What the fast path's captured step runs after the target's forward of ``[root] + drafts`` when greedy: the
-    verification, the emitted tokens and the drafter's feedback rows, as :func:`_tree` and :func:`_tree_late` do
-    (see :meth:`specdec.static.StaticAdapter.forward_commit` for the signature)."""
+    draft ids clamped into ``[0, V)`` with the bad ones flagged (:func:`_sanitised`; the adapter clamps what the
+    model reads), the verification, the emitted tokens and the drafter's feedback rows, as :func:`_tree` and
+    :func:`_tree_late` do (see :meth:`specdec.static.StaticAdapter.forward_commit` for the signature)."""
 
     def decide(logits, features, nodes, positions, parents, active):
         draft = Draft(tokens=nodes[:, 1:], parents=parents, depths=positions - positions[:, :1], draft_probs=None,
                       scheme=scheme)
+        draft, bad = _sanitised(draft, vocab)
         result = verifier(logits, draft, None, max_depth=num_drafts)  # greedy verifiers take raw logits
         tokens, counts = emitted_tokens(draft, result)
         keep_counts = counts * active
         D1 = min(result.accepted_nodes.shape[1], nodes.shape[1])
         path = result.accepted_nodes[:, :D1]
         rows = accepted_feedback(nodes[:, 0], tokens, keep_counts, positions[:, 0], D1, features, path)
-        return path, keep_counts, (result, tokens, counts, rows, path)
+        return path, keep_counts, (result, tokens, counts, rows, path, bad)
     return decide
 
 
 def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, present, num_drafts: int,
-                   bad: torch.Tensor | None, drafter, active, clock) -> StepOutput:
-    """:func:`_tree_late` for a greedy step on an adapter with ``forward_commit``: forward, verify, emitted tokens,
-    feedback rows and the late commit replay as one captured step (identical results, fewer launches)."""
+                   drafter, active, clock) -> StepOutput:
+    """:func:`_tree_late` for a greedy step on an adapter with ``forward_commit``: the ids' check, forward, verify,
+    emitted tokens, feedback rows and the late commit replay as one captured step (identical results, fewer
+    launches)."""
     verifier = select_verifier(draft.scheme, GREEDY)
     live = _all_rows(state.roots) if active is None else active
-    (result, tokens, counts, rows, path), cache = adapter.forward_commit(
-        state.cache, nodes, draft.parents, positions, present, _greedy_decision(verifier, num_drafts, draft.scheme),
-        (draft.parents, live), ("greedy", verifier, num_drafts, draft.scheme))
+    vocab = adapter.vocab_size
+    (result, tokens, counts, rows, path, bad), cache = adapter.forward_commit(
+        state.cache, nodes, draft.parents, positions, present,
+        _greedy_decision(verifier, num_drafts, draft.scheme, vocab), (draft.parents, live),
+        ("greedy", verifier, num_drafts, draft.scheme, vocab))
     for phase in ("target", "verify", "commit"):
         _tick(clock, phase)
     # The captured step's outputs are overwritten by its next replay: the new roots outlive it.

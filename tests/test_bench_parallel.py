@@ -21,3 +21,21 @@ def test_quick_mode_writes_every_row_and_every_row_is_lossless(tmp_path, fast):
         assert row["tau"] >= 1.0 and row["draft_ms"] > 0 and row["K"] == 3
     assert ("fast=True" in saved["title"]) == (fast == "graphs")
     assert (tmp_path / "results.md").exists()
+
+
+def test_a_tree_size_sweep_gives_one_row_family_per_budget(tmp_path):
+    """--tree optimal --tree-nodes 4 9: optimal level-wise trees of each budget from calibration prompts that are
+    not evaluated, rows '<method>+tree<nodes>', each lossless and no larger than its budget."""
+    spec = importlib.util.spec_from_file_location("bench_parallel", ROOT / "examples" / "bench_parallel.py")
+    bench_parallel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_parallel)
+    bench_parallel.main(["--quick", "--ks", "3", "--num-prompts", "3", "--calibration-prompts", "2", "--tree",
+                         "optimal", "--tree-nodes", "4", "9", "--only", "P-EAGLE+tree4 K=3", "P-EAGLE+tree9 K=3",
+                         "DFlash+tree9 K=3", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["method"]: r for r in saved["rows"]}
+    assert set(rows) == {"P-EAGLE+tree4", "P-EAGLE+tree9", "DFlash+tree9"}
+    for name, row in rows.items():
+        budget = int(name.split("+tree")[1])
+        assert row["greedy_match"] == 1.0 and row["K"] == 3 and 1 <= row["tree_nodes"] <= budget, row
+    assert rows["P-EAGLE+tree9"]["tree_nodes"] > rows["P-EAGLE+tree4"]["tree_nodes"]

@@ -25,9 +25,11 @@ def test_the_profile_counts_each_region_per_step_and_restores_the_kernels():
     # A plain step: one target forward, no drafter, no kernel launch (its mask row only gains a column).
     assert plain["target graph"] > 50 and plain["drafter graphs"] == 0 and plain["kernels"] == 0
     assert 0 < plain["outside"] <= 6
-    # A tree step: the tree mask, the verifier, the emitted tokens, the compaction and the feedback (rows and
-    # features) are one launch each; the drafter is captured.
-    assert 4 <= tree["kernels"] <= 5 and tree["drafter graphs"] > 50 and tree["outside"] > plain["outside"]
+    # A tree step: the tree mask is the one launch outside the graphs; the verifier, the emitted tokens, the
+    # feedback rows and the compaction run inside the target's captured step (StaticAdapter.forward_commit), so its
+    # region holds more ops than a plain forward's; the drafter is captured.
+    assert tree["kernels"] == 1 and tree["target graph"] > plain["target graph"] + 20
+    assert tree["drafter graphs"] > 50 and tree["outside"] > plain["outside"]
 
 
 def test_the_host_timing_stubs_the_device_work_and_restores_it():
