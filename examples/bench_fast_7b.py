@@ -17,7 +17,9 @@ figure is the step's wall time):
   before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape);
 - ``eager_spec`` / ``fast_spec``: one speculative step, EAGLE-2 (a random :class:`~specdec.heads.Eagle1Head`,
   ``DynamicTree(60, 6, 10)``, drafter graphed as ``recipes.eagle2`` delivers it), verifying the 61-node tree, with
-  compaction, on each adapter.
+  compaction, on each adapter. The fast rows run ``step(..., sync=False)`` as ``generate()`` does (since session 9:
+  the speculative step is then one captured forward + verification + late commit; before, these rows timed the
+  synchronous step).
 
 Every measurement runs in its own ``try``: a failure is recorded in the results instead of ending the run. Prints a
 Markdown table; ``--out DIR`` writes ``results.json`` and ``results.md``.
@@ -136,13 +138,15 @@ def hf_eager_step(model, ids):
     return run
 
 
-def specdec_step(adapter, ids, drafter=None, num_drafts: int = 0):
-    """A closure running one :func:`specdec.step.step` from a live state (which it advances)."""
+def specdec_step(adapter, ids, drafter=None, num_drafts: int = 0, sync: bool = True):
+    """A closure running one :func:`specdec.step.step` from a live state (which it advances). ``sync=False`` is what
+    ``generate()`` runs on the fast path: no host sync inside the step (a greedy step with drafts is then one
+    captured forward + verification + commit, :meth:`~specdec.static.StaticAdapter.forward_commit`)."""
     out = prefill(adapter, ids, drafter=drafter)
     state = [out.state]
 
     def run():
-        state[0] = step(adapter, state[0], drafter=drafter, num_drafts=num_drafts).state
+        state[0] = step(adapter, state[0], drafter=drafter, num_drafts=num_drafts, sync=sync).state
     return run
 
 
@@ -224,7 +228,7 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     capacity = capacity_for(args.context, (args.warmup + args.reps) * (TREE["depth"] + 1), 128)
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
     measure(r, "eager_plain", lambda: specdec_step(ModelAdapter(model), ids), **kw)
-    measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids), **kw)
+    measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw)
     r["floor"] = round(floor_ms(model, batch, args.context, bandwidth), 4)
     if args.gptfast:
         held = {}
@@ -237,14 +241,15 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     layers = head.feature_layers
     measure(r, "eager_spec", lambda: specdec_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
     measure(r, "fast_spec", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
-                                                 TREE["depth"]), **kw)
+                                                 TREE["depth"], sync=False), **kw)
     if args.compile:
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
         measure(r, "fast_plain_compiled", lambda: specdec_step(StaticAdapter(model, capacity=capacity, capture=cap),
-                                                               ids), **kw)
+                                                               ids, sync=False), **kw)
         measure(r, "fast_spec_compiled", lambda: specdec_step(
-            StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, drafter, TREE["depth"]), **kw)
+            StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, drafter, TREE["depth"], sync=False),
+            **kw)
     return r
 
 
