@@ -835,9 +835,8 @@ class StaticAdapter:
         size = bucket_for(M, self.buckets)
         state = self._tightened(state, size)
         self._check_room(state, size, M)
-        Lc, ends = state.committed, buf.ends
-        if state.ends is None:
-            ends.fill_(Lc)
+        Lc = state.committed
+        self._late_ends(buf, state)  # the captured step moves each row's path to its end
         graph_key = ("commit", size, M, key, _spec(extra))
         runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
         inputs, _ = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner, graph_key)
@@ -853,10 +852,7 @@ class StaticAdapter:
                 runner = buf.runners[graph_key] = self._capture_committing(buf, step, (*inputs, *extra))
                 outputs, keep, counts = runner._run()
         buf.high_water[graph_key] = Lc + size
-        A = keep.shape[1]
-        buf.plain.at = None  # new committed slots: the plain mask row is rebuilt
-        mark = state.mark if state.mark is not None else mark_bound(ends, Lc + A)
-        return outputs, self._committed(buf, state, A, counts, ends=ends, mark=mark)
+        return outputs, self._late_committed(buf, state, keep.shape[1], counts)
 
     def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable) -> Callable:
         """The function :meth:`forward_commit` captures: forward, ``decide``, then the moves to the rows' ends."""
@@ -872,10 +868,7 @@ class StaticAdapter:
                 logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
             keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], *extra)
             plan.move_to_ends(keep, slots[:1], ends)  # no pending slots before: the first write slot is Lc
-            columns = torch.arange(keep.shape[1], device=keep.device)[None, :]
-            # The row's A slots from its end: the kept ones valid, the rest not (nothing past an end is valid).
-            valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
-            ends.add_(counts)
+            _kept_at_ends(valid, ends, torch.arange(keep.shape[1], device=keep.device)[None, :], counts)
             return outputs, keep, counts
         return run
 
@@ -1010,20 +1003,28 @@ class StaticAdapter:
                      counts: torch.Tensor) -> StaticCacheState:
         """:meth:`commit` with ``late=True``: per-row destinations, no host sync."""
         A = keep.shape[1]
-        Lc = state.committed
-        ends = buf.ends
-        if state.ends is None:
-            ends.fill_(Lc)
+        ends = self._late_ends(buf, state)
         if A:
-            buf.compact(keep, counts, Lc, dest=ends)
-            columns = self._const(buf, ("columns", A), lambda: torch.arange(A, device=keep.device)[None, :])
-            # The row's A slots from its end: the kept ones valid, the rest not (nothing past an end is valid).
-            buf.valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
-            ends.add_(counts)
-            buf.plain.at = None
+            buf.compact(keep, counts, state.committed, dest=ends)
+            _kept_at_ends(buf.valid, ends, self._const(
+                buf, ("columns", A), lambda: torch.arange(A, device=keep.device)[None, :]), counts)
+        return self._late_committed(buf, state, A, counts)
+
+    @staticmethod
+    def _late_ends(buf: _Buffers, state: StaticCacheState) -> torch.Tensor:
+        """``buf.ends`` for a late commit: every row ends at ``Lc`` unless an earlier late commit set them."""
+        if state.ends is None:
+            buf.ends.fill_(state.committed)
+        return buf.ends
+
+    def _late_committed(self, buf: _Buffers, state: StaticCacheState, A: int, counts: torch.Tensor
+                        ) -> StaticCacheState:
+        """The state after a late commit of width ``A`` (the moves and ``valid`` / ``ends`` already done)."""
+        if A:
+            buf.plain.at = None  # new committed slots: the plain mask row is rebuilt
         # The ends on their way to the host (unless a copy still is), for a later forward to lower Lc: no sync now.
-        mark = state.mark if state.mark is not None else mark_bound(ends, Lc + A)
-        return self._committed(buf, state, A, counts, ends=ends, mark=mark)
+        mark = state.mark if state.mark is not None else mark_bound(buf.ends, state.committed + A)
+        return self._committed(buf, state, A, counts, ends=buf.ends, mark=mark)
 
     def _committed(self, buf: _Buffers, state: StaticCacheState, A: int, counts: torch.Tensor, *, ends, mark
                    ) -> StaticCacheState:
@@ -1033,6 +1034,13 @@ class StaticAdapter:
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=state.committed + A, lengths=state.lengths + counts, pending_parents=empty,
                               pending_present=empty_bool, ticket=self._issue(), ends=ends, mark=mark)
+
+
+def _kept_at_ends(valid: torch.Tensor, ends: torch.Tensor, columns: torch.Tensor, counts: torch.Tensor) -> None:
+    """After each row's kept slots moved to its end: the row's ``A`` slots from ``ends`` marked valid up to its
+    count, invalid after (nothing past an end is valid), and ``ends += counts`` (``columns``: ``[1, A]`` arange)."""
+    valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
+    ends.add_(counts)
 
 
 def _param_ids(model: nn.Module) -> tuple:
