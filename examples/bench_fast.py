@@ -250,7 +250,7 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
             lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), True)
     if draft is not None and args.draft_k:  # Part of the story: the same K with the draft model left eager
         k = args.draft_k[0]
-        makers[f"specdec fast SpS K={k}, eager draft"] = (lambda: DraftModelDrafter(draft, num_drafts=k), True)
+        makers[f"specdec fast SpS K={k}, eager draft"] = (lambda k=k: DraftModelDrafter(draft, num_drafts=k), True)
     makers[f"specdec fast prompt lookup K={args.lookup_k}"] = (
         lambda: PromptLookupDrafter(num_drafts=args.lookup_k, fixed_width=True), True)
     recipes = {"eagle2": ("EAGLE-2", sd.recipes.eagle2), "eagle3": ("EAGLE-3", sd.recipes.eagle3),
@@ -266,8 +266,7 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
                 label, recipe = recipes[key]
                 makers[f"specdec fast+compile {label}"] = (lambda recipe=recipe, head=heads[key]: recipe(head),
                                                            "compile")
-        if draft is not None and args.draft_k:
-            k = args.draft_k[-1]
+        for k in args.draft_k if draft is not None else ():
             makers[f"specdec fast+compile SpS K={k}"] = (
                 lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast="compile", capacity=draft_capacity), "compile")
     if args.only:

@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from specdec import recipes  # noqa: E402
 from specdec.adapter import ModelAdapter  # noqa: E402
+from specdec.fused import use_gemv  # noqa: E402
 from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
@@ -194,8 +195,8 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
             torch.cuda.empty_cache()
 
 
-COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_compiled", "floor", "gptfast", "eager_spec",
-           "fast_spec", "fast_spec_compiled"]
+COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_compiled", "floor", "gptfast",
+           "eager_spec", "fast_spec", "fast_spec_compiled"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
@@ -229,8 +230,11 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
     measure(r, "eager_plain", lambda: specdec_step(ModelAdapter(model), ids), **kw)
     measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw)
+    with use_gemv(0):  # the same with cuBLAS for every projection (the few-row kernel off)
+        measure(r, "fast_plain_cublas", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
+                                                             sync=False), **kw)
     r["floor"] = round(floor_ms(model, batch, args.context, bandwidth), 4)
-    if args.gptfast:
+    if args.gptfast and (args.gptfast_batches is None or batch in args.gptfast_batches):
         held = {}
 
         def make_gptfast():
@@ -242,7 +246,7 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     measure(r, "eager_spec", lambda: specdec_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
     measure(r, "fast_spec", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
                                                  TREE["depth"], sync=False), **kw)
-    if args.compile:
+    if args.compile and (args.compile_batches is None or batch in args.compile_batches):
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
         measure(r, "fast_plain_compiled", lambda: specdec_step(StaticAdapter(model, capacity=capacity, capture=cap),
@@ -262,6 +266,10 @@ def main(argv=None):
     parser.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/) to time gpt-fast too")
     parser.add_argument("--compile", action="store_true",
                         help="also time the fast path with torch.compile before capture (minutes of compiling)")
+    parser.add_argument("--gptfast-batches", type=int, nargs="+", default=None,
+                        help="time gpt-fast at these batch sizes only (default: every one of --batches)")
+    parser.add_argument("--compile-batches", type=int, nargs="+", default=None,
+                        help="with --compile, compile at these batch sizes only (default: every one of --batches)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
     parser.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = parser.parse_args(argv)

@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-new-tokens", type=int, default=128)
     parser.add_argument("--decay-gamma", type=float, default=None,
                         help="weight depth d by exp(-d / gamma) (default: uniform over depths)")
+    parser.add_argument("--init", default=None,
+                        help="continue training this P-EAGLE checkpoint (folder) instead of a fresh head")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -106,8 +108,14 @@ def main(argv=None) -> int:
     dtype = torch.float32 if device.type == "cpu" else None  # bf16 matmuls are slow on a CPU
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
 
+    head = None
+    if args.init:
+        from specdec.formats import load_peagle_head
+
+        head = load_peagle_head(args.init, target, device=device)
+        print(f"continuing {args.init}: {head.num_levels} levels")
     t0 = time.time()
-    result = train_peagle(target, token_lists, tokenizer=tokenizer, steps=args.steps, seq_len=args.seq_len,
+    result = train_peagle(target, token_lists, tokenizer=tokenizer, head=head, steps=args.steps, seq_len=args.seq_len,
                           batch_size=args.batch_size, lr=args.lr, max_drafts=args.max_drafts,
                           segment_len=args.segment_len, num_layers=args.num_layers, out_dir=out / "peagle",
                           save_every=args.save_every, seed=args.seed, time_budget=args.time_budget,

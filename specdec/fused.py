@@ -20,6 +20,10 @@ norms, ``o_proj``, ``down_proj``, ``lm_head``) is the model's own. :meth:`FusedD
 matrices in place when a source weight was updated in place since (its version counter moved); the static adapter
 calls it at every prefill, and builds a new decoder (and new graphs) when a parameter was replaced.
 
+**One-row steps.** A forward of at most ``gemv_rows`` rows (default one: the plain decode step at batch 1) runs its
+projections with :func:`specdec.kernels.linear_rows`, a Triton kernel that streams each weight once on CUDA
+(``F.linear`` elsewhere and inside ``torch.compile``); :func:`use_gemv` turns it off for an ablation.
+
 The result equals HF's forward up to floating-point summation order (float32 greedy decoding is token-identical in
 the tests; the features are HF's ``hidden_states`` indices: 0 the embeddings, ``i`` the output of layer ``i - 1``,
 ``L`` the final normed state).
@@ -30,6 +34,7 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -38,9 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adapter import UnsupportedModelError
+from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .nn.attention import masked_sdpa_kernel
 
-__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES"]
+__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "use_gemv"]
 
 #: HF ``model_type`` s whose decoder :class:`FusedDecoder` reproduces.
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -84,6 +90,32 @@ def fused_support(model: nn.Module) -> str | None:
     if hasattr(model, "_hf_hook") or hasattr(body, "_hf_hook"):
         return "it carries an accelerate hook (offloaded)"
     return None
+
+
+_GEMV_ROWS: list[int] = [DECODER_GEMV_ROWS]
+
+
+@contextlib.contextmanager
+def use_gemv(rows: int):
+    """Within the block, fused decoders built without ``gemv_rows`` (as the fast path builds them) run
+    :func:`specdec.kernels.linear_rows` for forwards of at most ``rows`` rows (``0``: ``F.linear`` always; the
+    default is :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one). For ablations of the kernel.
+
+    Args:
+        rows: ``0 <= rows``.
+
+    Example:
+        >>> with use_gemv(0):                                        # doctest: +SKIP
+        ...     out = generate(model, ids, fast=True)                # cuBLAS for every projection
+    """
+    if not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"use_gemv: rows must be an int >= 0 (0 turns the kernel off), got {rows!r}")
+    before = _GEMV_ROWS[0]
+    _GEMV_ROWS[0] = rows
+    try:
+        yield
+    finally:
+        _GEMV_ROWS[0] = before
 
 
 class _Layer(NamedTuple):
@@ -131,7 +163,7 @@ class FusedDecoder:
         >>> logits, feats = dec(tokens, positions, mask, slots, cache.layers, (2, 6))      # doctest: +SKIP
     """
 
-    def __init__(self, model: nn.Module, max_positions: int):
+    def __init__(self, model: nn.Module, max_positions: int, *, gemv_rows: int | None = None):
         reason = fused_support(model)
         if reason is not None:
             raise UnsupportedModelError(f"{type(model).__name__} cannot run on the fused decoder: {reason}; "
@@ -165,6 +197,14 @@ class FusedDecoder:
         self.norm, self.norm_eps = body.norm.weight, body.norm.variance_epsilon
         self.head_w, self.head_b = model.lm_head.weight, model.lm_head.bias
         self.cos, self.sin = self._rope_table(body.rotary_emb, max_positions)
+        self.gemv_rows = _GEMV_ROWS[0] if gemv_rows is None else int(gemv_rows)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear``; for at most :attr:`gemv_rows` rows :func:`specdec.kernels.linear_rows` (one streaming
+        pass over ``weight`` on CUDA; ``F.linear`` itself elsewhere and inside ``torch.compile``)."""
+        if x.numel() <= self.gemv_rows * x.shape[-1]:
+            return linear_rows(x, weight, bias)
+        return F.linear(x, weight, bias)
 
     # ------------------------------------------------------------------ weights
     def _fuse(self, linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -294,7 +334,7 @@ class FusedDecoder:
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}
         for i, (lay, (eps1, eps2), kv) in enumerate(zip(self.layers, self.eps, cache)):
-            qkv = F.linear(_rms(h, lay.ln1, eps1), lay.wqkv, lay.bqkv).view(B, M, nh + 2 * nk, d)
+            qkv = self._linear(_rms(h, lay.ln1, eps1), lay.wqkv, lay.bqkv).view(B, M, nh + 2 * nk, d)
             qk, v = qkv[:, :, :nh + nk], qkv[:, :, nh + nk:]
             if lay.q_norm is not None:  # Qwen3: per-head norms of q and k before RoPE
                 qk = torch.cat((_rms(qk[:, :, :nh], lay.q_norm, self.qk_eps),
@@ -312,13 +352,13 @@ class FusedDecoder:
                 values = values[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
                                                scale=self.scaling)
-            h = h + F.linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo)
-            gate, up = F.linear(_rms(h, lay.ln2, eps2), lay.wgu, lay.bgu).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, lay.wd, lay.bd)
+            h = h + self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo)
+            gate, up = self._linear(_rms(h, lay.ln2, eps2), lay.wgu, lay.bgu).chunk(2, dim=-1)
+            h = h + self._linear(F.silu(gate) * up, lay.wd, lay.bd)
             if i + 1 in want and i + 1 < n:
                 found[i + 1] = h
         h = _rms(h, self.norm, self.norm_eps)
         if n in want:
             found[n] = h
-        logits = F.linear(h[:, -1:] if last_only else h, self.head_w, self.head_b)
+        logits = self._linear(h[:, -1:] if last_only else h, self.head_w, self.head_b)
         return logits, tuple(found[i] for i in feature_layers)

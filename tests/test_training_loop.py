@@ -111,3 +111,22 @@ def test_fit_time_budget_stops_early_and_says_so(capsys):
     w2 = torch.nn.Parameter(torch.tensor([2.0]))
     history = fit([w2], lambda s: ((w2 ** 2).sum(), {}), steps=20, lr=0.1, time_budget=600.0, progress=False)
     assert len(history) == 20 and history[-1].loss < history[0].loss
+
+
+def test_a_run_cut_by_its_time_budget_still_decays_to_the_floor():
+    import time as _time
+
+    w = torch.nn.Parameter(torch.tensor([2.0]))
+
+    def slow(step):
+        _time.sleep(0.02)
+        return (w ** 2).sum(), {}
+
+    history = fit([w], slow, steps=10_000, lr=0.1, warmup_steps=2, time_budget=0.5, progress=False)
+    assert 5 < len(history) < 10_000
+    rates = [r.lr for r in history]
+    assert rates[1] == pytest.approx(0.1)                       # warm-up counts steps
+    assert all(a >= b for a, b in zip(rates[2:], rates[3:]))    # then the decay only goes down
+    assert rates[-1] < 0.1 * 0.35                               # and is near its floor (0.01) when time runs out
+    # by steps alone the last rate would still be the peak's
+    assert cosine_schedule(len(history), total_steps=10_000, peak_lr=0.1, warmup_steps=2) > 0.099

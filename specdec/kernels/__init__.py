@@ -17,6 +17,7 @@ op                                          replaces                            
 :func:`accepted_feedback`                   the drafter feedback in ``step()``        1 (per 4 equal feature tensors)
 :func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
+:func:`linear_rows`                         ``F.linear`` of a decode step (<= 16 rows) 1
 =========================================== ======================================== ===================================
 
 On CPU the kernels run under the Triton interpreter when ``TRITON_INTERPRET=1`` is set before this package is
@@ -37,6 +38,7 @@ from .emit import (
                         emitted_tokens,
                         emitted_tokens_ref,
 )
+from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
 from .tree_mask import TreeMask, head_tree_mask, head_tree_mask_ref, tree_mask, tree_mask_ref
@@ -63,4 +65,5 @@ __all__ = [
     "FeedbackRows",
     "compact_kv", "compact_kv_ref", "KVCompactPlan",
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
+    "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
 ]

@@ -125,6 +125,15 @@ def _host_values(loss: torch.Tensor, metrics: dict) -> tuple[float, dict]:
     return values[0], {k: tensors[k] if k in tensors else float(v) for k, v in metrics.items()}
 
 
+def _scheduled_step(step: int, steps: int, warmup_steps: int, elapsed: float, time_budget: float | None) -> int:
+    """The step whose :func:`cosine_schedule` rate step ``step`` takes: itself, or further along the decay when
+    the time budget is being spent faster than the steps (see :func:`fit`)."""
+    if time_budget is None or time_budget <= 0 or step < warmup_steps:
+        return step
+    by_time = warmup_steps + (steps - warmup_steps) * min(elapsed / time_budget, 1.0)
+    return max(step, int(by_time))
+
+
 def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: int, lr: float,
         warmup_steps: int = 0, weight_decay: float = 0.0, betas=(0.9, 0.95), grad_clip: float | None = 1.0,
         min_lr_ratio: float = 0.1, desc: str = "train", progress: bool = True, checkpoint_every: int = 0,
@@ -154,7 +163,10 @@ def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: i
         checkpoint_fn: ``checkpoint_fn(steps_done)``, called every ``checkpoint_every`` steps and once after the
             last step taken (not twice for the same step).
         time_budget: wall-clock seconds; when spent, training stops before the next step and the bar says so.
-            ``None``: exactly ``steps`` steps (what makes a run reproducible).
+            The cosine decay then follows whichever budget runs out first: after warm-up, step ``s`` takes the
+            rate of step ``max(s, W + (S - W) * elapsed / time_budget)``, so a run cut by its time budget still
+            ends at the floor instead of near ``peak_lr``. ``None``: exactly ``steps`` steps on the step schedule
+            (what makes a run reproducible).
 
     Returns:
         One :class:`FitRecord` per step taken (fewer than ``steps`` when the time budget ran out).
@@ -185,8 +197,8 @@ def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: i
         if time_budget is not None and time.perf_counter() - start >= time_budget:
             bar.set_description_str(f"{desc} (stopped: time budget {time_budget:g} s spent after {step} steps)")
             break
-        rate = cosine_schedule(step, total_steps=steps, peak_lr=lr, warmup_steps=warmup_steps,
-                               min_lr_ratio=min_lr_ratio)
+        rate = cosine_schedule(_scheduled_step(step, steps, warmup_steps, time.perf_counter() - start, time_budget),
+                               total_steps=steps, peak_lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
         for group, scale in zip(optimizer.param_groups, scales):
             group["lr"] = rate * scale
         loss, metrics = loss_fn(step)
