@@ -8,6 +8,8 @@ figure is the step's wall time):
   without its logits processing);
 - ``eager_plain`` / ``fast_plain``: one :func:`specdec.step.step` without drafts, on
   :class:`~specdec.adapter.ModelAdapter` / on :class:`~specdec.static.StaticAdapter` (the fast path);
+  ``fast_plain_cublas`` / ``fast_plain_sdpa``: the fast plain step with the one-row linear kernel / the split-key
+  attention kernel turned off (:func:`specdec.fused.decode_kernels`);
 - ``floor``: the bandwidth floor of one vanilla step: (weight bytes + KV bytes of the context) / the copy bandwidth
   measured here (a large device-to-device copy);
 - ``gptfast`` (with ``--gptfast PATH``, the anchors folder holding ``gptfast/``): gpt-fast's compiled decode step
@@ -45,7 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from specdec import recipes  # noqa: E402
 from specdec.adapter import ModelAdapter  # noqa: E402
-from specdec.fused import use_gemv  # noqa: E402
+from specdec.fused import decode_kernels  # noqa: E402
 from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
@@ -195,8 +197,8 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
             torch.cuda.empty_cache()
 
 
-COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_compiled", "floor", "gptfast",
-           "eager_spec", "fast_spec", "fast_spec_compiled"]
+COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_sdpa", "fast_plain_compiled",
+           "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_compiled"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
@@ -230,9 +232,12 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
     measure(r, "eager_plain", lambda: specdec_step(ModelAdapter(model), ids), **kw)
     measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw)
-    with use_gemv(0):  # the same with cuBLAS for every projection (the few-row kernel off)
+    with decode_kernels(gemv_rows=0):  # the same with cuBLAS for every projection (the one-row kernel off)
         measure(r, "fast_plain_cublas", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
                                                              sync=False), **kw)
+    with decode_kernels(attention=False):  # the same with SDPA's attention (the split-key kernel off)
+        measure(r, "fast_plain_sdpa", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
+                                                           sync=False), **kw)
     r["floor"] = round(floor_ms(model, batch, args.context, bandwidth), 4)
     if args.gptfast and (args.gptfast_batches is None or batch in args.gptfast_batches):
         held = {}

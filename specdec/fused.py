@@ -20,9 +20,11 @@ norms, ``o_proj``, ``down_proj``, ``lm_head``) is the model's own. :meth:`FusedD
 matrices in place when a source weight was updated in place since (its version counter moved); the static adapter
 calls it at every prefill, and builds a new decoder (and new graphs) when a parameter was replaced.
 
-**One-row steps.** A forward of at most ``gemv_rows`` rows (default one: the plain decode step at batch 1) runs its
-projections with :func:`specdec.kernels.linear_rows`, a Triton kernel that streams each weight once on CUDA
-(``F.linear`` elsewhere and inside ``torch.compile``); :func:`use_gemv` turns it off for an ablation.
+**Decode steps.** A forward of at most ``gemv_rows`` rows (default one: the plain decode step at batch 1) runs its
+projections with :func:`specdec.kernels.linear_rows`, a Triton kernel that streams each weight once on CUDA; a
+forward of one token per row attends with :func:`specdec.kernels.decode_attention` (the keys split across
+programs, flash-decoding). Both are their torch references (``F.linear``, SDPA) elsewhere and inside
+``torch.compile``; :func:`decode_kernels` turns them off for an ablation.
 
 The result equals HF's forward up to floating-point summation order (float32 greedy decoding is token-identical in
 the tests; the features are HF's ``hidden_states`` indices: 0 the embeddings, ``i`` the output of layer ``i - 1``,
@@ -43,10 +45,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adapter import UnsupportedModelError
+from .kernels.decode_attention import decode_attention
+from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .nn.attention import masked_sdpa_kernel
 
-__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "use_gemv"]
+__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels"]
 
 #: HF ``model_type`` s whose decoder :class:`FusedDecoder` reproduces.
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -92,30 +96,41 @@ def fused_support(model: nn.Module) -> str | None:
     return None
 
 
-_GEMV_ROWS: list[int] = [DECODER_GEMV_ROWS]
+_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": True, "fused_ops": True}
 
 
 @contextlib.contextmanager
-def use_gemv(rows: int):
-    """Within the block, fused decoders built without ``gemv_rows`` (as the fast path builds them) run
-    :func:`specdec.kernels.linear_rows` for forwards of at most ``rows`` rows (``0``: ``F.linear`` always; the
-    default is :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one). For ablations of the kernel.
+def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = None, fused_ops: bool | None = None):
+    """Within the block, fused decoders built without their own settings (as the fast path builds them) take these:
+    ``gemv_rows``, the most rows a forward may have for :func:`specdec.kernels.linear_rows` (``0``: ``F.linear``
+    always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), and ``attention``, whether one-token
+    forwards attend with :func:`specdec.kernels.decode_attention` (default ``True``) or SDPA, and ``fused_ops``,
+    whether the residual adds + norms, RoPE + cache writes and SiLU-mul run as the fused kernels of
+    :mod:`specdec.kernels.decoder_ops` (default ``True``) or as torch ops. ``None`` keeps the setting in force. For
+    ablations of the kernels.
 
     Args:
-        rows: ``0 <= rows``.
+        gemv_rows: ``0 <= gemv_rows`` or ``None``.
+        attention: ``True``, ``False`` or ``None``.
+        fused_ops: ``True``, ``False`` or ``None``.
 
     Example:
-        >>> with use_gemv(0):                                        # doctest: +SKIP
-        ...     out = generate(model, ids, fast=True)                # cuBLAS for every projection
+        >>> with decode_kernels(gemv_rows=0, attention=False):       # doctest: +SKIP
+        ...     out = generate(model, ids, fast=True)                # cuBLAS projections, SDPA attention
     """
-    if not isinstance(rows, int) or rows < 0:
-        raise ValueError(f"use_gemv: rows must be an int >= 0 (0 turns the kernel off), got {rows!r}")
-    before = _GEMV_ROWS[0]
-    _GEMV_ROWS[0] = rows
+    if gemv_rows is not None and (not isinstance(gemv_rows, int) or gemv_rows < 0):
+        raise ValueError(f"decode_kernels: gemv_rows must be an int >= 0 (0 turns the kernel off), got {gemv_rows!r}")
+    for name, value in (("attention", attention), ("fused_ops", fused_ops)):
+        if value not in (None, True, False):
+            raise ValueError(f"decode_kernels: {name} must be True, False or None, got {value!r}")
+    before = dict(_DECODE_DEFAULTS)
+    for key, value in (("gemv_rows", gemv_rows), ("decode_attention", attention), ("fused_ops", fused_ops)):
+        if value is not None:
+            _DECODE_DEFAULTS[key] = value
     try:
         yield
     finally:
-        _GEMV_ROWS[0] = before
+        _DECODE_DEFAULTS.update(before)
 
 
 class _Layer(NamedTuple):
@@ -141,13 +156,6 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE (HF's half-split convention) on ``[..., d]``: ``x cos + rotate_half(x) sin``, written as
-    ``x cos + [x_2, x_1] [-sin_1, sin_2]`` (the sign lives in the table: one kernel fewer)."""
-    half = x.shape[-1] // 2
-    return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin_signed)
-
-
 class FusedDecoder:
     """A Llama-family HF causal LM's forward with fused projections, over preallocated key/value slots.
 
@@ -163,7 +171,8 @@ class FusedDecoder:
         >>> logits, feats = dec(tokens, positions, mask, slots, cache.layers, (2, 6))      # doctest: +SKIP
     """
 
-    def __init__(self, model: nn.Module, max_positions: int, *, gemv_rows: int | None = None):
+    def __init__(self, model: nn.Module, max_positions: int, *, gemv_rows: int | None = None,
+                 decode_attention: bool | None = None, fused_ops: bool | None = None):
         reason = fused_support(model)
         if reason is not None:
             raise UnsupportedModelError(f"{type(model).__name__} cannot run on the fused decoder: {reason}; "
@@ -197,7 +206,46 @@ class FusedDecoder:
         self.norm, self.norm_eps = body.norm.weight, body.norm.variance_epsilon
         self.head_w, self.head_b = model.lm_head.weight, model.lm_head.bias
         self.cos, self.sin = self._rope_table(body.rotary_emb, max_positions)
-        self.gemv_rows = _GEMV_ROWS[0] if gemv_rows is None else int(gemv_rows)
+        self.gemv_rows = _DECODE_DEFAULTS["gemv_rows"] if gemv_rows is None else int(gemv_rows)
+        self.decode_attention = (_DECODE_DEFAULTS["decode_attention"] if decode_attention is None
+                                 else bool(decode_attention))
+        self.fused_ops = _DECODE_DEFAULTS["fused_ops"] if fused_ops is None else bool(fused_ops)
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h + delta, rms_norm(h + delta))`` (``delta`` ``None``: no add): one launch on CUDA with
+        :attr:`fused_ops`, HF's arithmetic either way."""
+        if self.fused_ops:
+            return add_rms_norm(h, delta, weight, eps)
+        return add_rms_norm_ref(h, delta, weight, eps)
+
+    def _rope_store_unfused(self, qkv: torch.Tensor, lay: _Layer, cos: torch.Tensor, sin: torch.Tensor, kv,
+                            slots: torch.Tensor) -> torch.Tensor:
+        """RoPE and the cache writes in torch ops (and Qwen3's per-head q/k norms before RoPE); returns q."""
+        nh = self.heads
+        if lay.q_norm is not None:
+            nk = self.kv_heads
+            qk = torch.cat((_rms(qkv[:, :, :nh], lay.q_norm, self.qk_eps),
+                            _rms(qkv[:, :, nh:nh + nk], lay.k_norm, self.qk_eps)), dim=2)
+            qkv = torch.cat((qk, qkv[:, :, nh + nk:]), dim=2)
+        return rope_store_ref(qkv, cos, sin, kv.keys, kv.values, slots, nh)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                kv_len: int | None) -> torch.Tensor:
+        """Attention of ``q [B, nh, M, d]`` over the cache's ``[B, nk, S, d]`` (the first ``kv_len`` slots, causally,
+        when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row, else SDPA."""
+        B, _, M, d = q.shape
+        if M == 1 and mask is not None and self.decode_attention:
+            return decode_attention(q, keys, values, mask, self.scaling)
+        nh, nk = self.heads, self.kv_heads
+        if kv_len is not None:
+            keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
+        if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
+            S = keys.shape[2]
+            keys = keys[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
+            values = values[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                              scale=self.scaling)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear``; for at most :attr:`gemv_rows` rows :func:`specdec.kernels.linear_rows` (one streaming
@@ -247,7 +295,7 @@ class FusedDecoder:
 
     def _rope_table(self, rotary: nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos``/``sin`` ``[length, head_dim]`` in the model's dtype, computed as HF's rotary embedding does; the
-        first half of ``sin`` negated (see :func:`_rotate`)."""
+        first half of ``sin`` negated (see :func:`specdec.kernels.rope_store`)."""
         inv_freq = rotary.inv_freq.to(device=self.embed.device, dtype=torch.float32)
         positions = torch.arange(length, device=self.embed.device, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
@@ -333,32 +381,26 @@ class FusedDecoder:
         n = len(self.layers)
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}
+        delta = None  # the last MLP's output, added to h by the next norm (one fused launch)
         for i, (lay, (eps1, eps2), kv) in enumerate(zip(self.layers, self.eps, cache)):
-            qkv = self._linear(_rms(h, lay.ln1, eps1), lay.wqkv, lay.bqkv).view(B, M, nh + 2 * nk, d)
-            qk, v = qkv[:, :, :nh + nk], qkv[:, :, nh + nk:]
-            if lay.q_norm is not None:  # Qwen3: per-head norms of q and k before RoPE
-                qk = torch.cat((_rms(qk[:, :, :nh], lay.q_norm, self.qk_eps),
-                                _rms(qk[:, :, nh:], lay.k_norm, self.qk_eps)), dim=2)
-            qk = _rotate(qk, cos, sin)  # q and k heads together
-            q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), v.transpose(1, 2)
-            kv.keys.index_copy_(2, slots, k.to(kv.keys.dtype))
-            kv.values.index_copy_(2, slots, v.to(kv.values.dtype))
-            keys, values = kv.keys, kv.values
-            if kv_len is not None:
-                keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
-            if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
-                S = keys.shape[2]
-                keys = keys[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
-                values = values[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
-                                               scale=self.scaling)
-            h = h + self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo)
-            gate, up = self._linear(_rms(h, lay.ln2, eps2), lay.wgu, lay.bgu).chunk(2, dim=-1)
-            h = h + self._linear(F.silu(gate) * up, lay.wd, lay.bd)
+            h, x = self._add_norm(h, delta, lay.ln1, eps1)
+            qkv = self._linear(x, lay.wqkv, lay.bqkv).view(B, M, nh + 2 * nk, d)
+            if lay.q_norm is None and self.fused_ops:
+                q = rope_store(qkv, cos, sin, kv.keys, kv.values, slots, nh)
+            else:
+                q = self._rope_store_unfused(qkv, lay, cos, sin, kv, slots)
+            o = self._attend(q, kv.keys, kv.values, mask, kv_len)
+            h, x = self._add_norm(h, self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo),
+                                  lay.ln2, eps2)
+            gate_up = self._linear(x, lay.wgu, lay.bgu)
+            act = silu_mul(gate_up) if self.fused_ops else silu_mul_ref(gate_up)
+            delta = self._linear(act, lay.wd, lay.bd)
             if i + 1 in want and i + 1 < n:
+                h, delta = h + delta, None
                 found[i + 1] = h
-        h = _rms(h, self.norm, self.norm_eps)
+        h, h_normed = self._add_norm(h, delta, self.norm, self.norm_eps)
         if n in want:
-            found[n] = h
+            found[n] = h_normed
+        h = h_normed
         logits = self._linear(h[:, -1:] if last_only else h, self.head_w, self.head_b)
         return logits, tuple(found[i] for i in feature_layers)

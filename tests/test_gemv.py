@@ -91,3 +91,16 @@ def test_the_fused_decoder_on_the_kernel_equals_it_on_f_linear(batch):
             outs.append(dec(tokens, positions, mask, torch.tensor([3]), cache.layers, (1,)))
     torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[1][1][0], outs[0][1][0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_the_gemv_benchmark_says_it_needs_a_gpu(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "bench_gemv.py"
+    spec = importlib.util.spec_from_file_location("bench_gemv", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--no-decoder"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

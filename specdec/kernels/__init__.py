@@ -18,6 +18,10 @@ op                                          replaces                            
 :func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
 :func:`linear_rows`                         ``F.linear`` of a decode step (<= 16 rows) 1
+:func:`decode_attention`                    SDPA of one query per row (decode step)   2
+:func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
+:func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
+:func:`silu_mul`                            SwiGLU's ``silu(gate) * up``             1
 =========================================== ======================================== ===================================
 
 On CPU the kernels run under the Triton interpreter when ``TRITON_INTERPRET=1`` is set before this package is
@@ -31,6 +35,8 @@ from ._dispatch import (
                         set_kernel_mode,
                         triton_available,
 )
+from .decode_attention import decode_attention, decode_attention_ref, decode_split
+from .decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
 from .emit import (
                         FeedbackRows,
                         accepted_feedback,
@@ -65,5 +71,7 @@ __all__ = [
     "FeedbackRows",
     "compact_kv", "compact_kv_ref", "KVCompactPlan",
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
+    "decode_attention", "decode_attention_ref", "decode_split",
+    "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
 ]

@@ -1,0 +1,147 @@
+"""The fused decoder's element-wise kernels (add + RMSNorm, RoPE + KV write, SiLU-mul) against their references,
+and the fused decoder and fast path running on every decode kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_model
+
+from specdec.fused import FusedDecoder, decode_kernels
+from specdec.generate import generate
+from specdec.kernels import (
+                             add_rms_norm,
+                             add_rms_norm_ref,
+                             interpreter_enabled,
+                             kernel_mode,
+                             rope_store,
+                             rope_store_ref,
+                             silu_mul,
+                             silu_mul_ref,
+                             triton_available,
+)
+from specdec.static import slot_cache
+
+DEVICES = (["cpu"] if interpreter_enabled() else []) + (["cuda"] if torch.cuda.is_available() else [])
+needs_kernel = pytest.mark.skipif(not DEVICES or not triton_available(), reason="needs triton on CUDA or interpreted")
+
+
+def _randn(*shape, seed, device, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("residual", [True, False])
+def test_add_rms_norm_equals_the_residual_add_then_hf_norm(device, residual):
+    x = _randn(2, 3, 70, seed=1, device=device)
+    r = _randn(2, 3, 70, seed=2, device=device) if residual else None
+    w = _randn(70, seed=3, device=device)
+    with kernel_mode("triton"):
+        h, out = add_rms_norm(x, r, w, 1e-6)
+    h_ref, out_ref = add_rms_norm_ref(x, r, w, 1e-6)
+    torch.testing.assert_close(h, h_ref, atol=0, rtol=0)
+    torch.testing.assert_close(out, out_ref, atol=2e-6, rtol=1e-5)
+    assert (h is x) == (not residual)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("nh,nk", [(4, 2), (2, 2)])
+def test_rope_store_rotates_q_and_k_and_writes_k_and_v_at_their_slots(device, nh, nk):
+    B, M, d, S = 2, 3, 16, 10
+    qkv = _randn(B, M, nh + 2 * nk + 1, d, seed=4, device=device)[:, :, 1:]  # strided heads, as a view
+    cos, sin = _randn(B, M, 1, d, seed=5, device=device), _randn(B, M, 1, d, seed=6, device=device)
+    slots = torch.tensor([5, 2, 7], device=device)
+    caches = [torch.zeros(B, nk, S, d, device=device) for _ in range(4)]
+    with kernel_mode("triton"):
+        q = rope_store(qkv, cos, sin, caches[0], caches[1], slots, nh)
+    q_ref = rope_store_ref(qkv, cos, sin, caches[2], caches[3], slots, nh)
+    assert q.shape == q_ref.shape == (B, nh, M, d)
+    torch.testing.assert_close(q, q_ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(caches[0], caches[2], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0)
+    assert caches[0][:, :, [0, 1, 3, 4, 6, 8, 9]].abs().sum() == 0  # nothing outside the slots
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_mul_equals_silu_gate_times_up(device):
+    gate_up = _randn(2, 3, 2 * 1100, seed=7, device=device)  # wider than one program's block
+    with kernel_mode("triton"):
+        out = silu_mul(gate_up)
+    torch.testing.assert_close(out, silu_mul_ref(gate_up), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="bf16 on the GPU")
+def test_bf16_results_are_within_one_unit_of_the_references_on_the_gpu():
+    x, r = _randn(4, 4096, seed=1, device="cuda", dtype=torch.bfloat16), _randn(4, 4096, seed=2, device="cuda",
+                                                                              dtype=torch.bfloat16)
+    w = _randn(4096, seed=3, device="cuda", dtype=torch.bfloat16)
+    h, out = add_rms_norm(x, r, w, 1e-5)
+    h_ref, out_ref = add_rms_norm_ref(x, r, w, 1e-5)
+    assert torch.equal(h, h_ref)
+    torch.testing.assert_close(out.float(), out_ref.float(), atol=0, rtol=2 ** -7)
+    gu = _randn(4, 2 * 11008, seed=4, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(silu_mul(gu).float(), silu_mul_ref(gu).float(), atol=1e-3, rtol=2 ** -7)
+
+
+def test_bad_inputs_are_named():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(x, torch.randn(2, 7), w, 1e-6)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        add_rms_norm(x, None, torch.randn(7), 1e-6)
+    qkv = torch.randn(1, 2, 8, 4)
+    keys = torch.zeros(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="nh \\+ 2 \\* nk"):
+        rope_store(qkv, torch.ones(1, 2, 4), torch.ones(1, 2, 4), keys, keys.clone(), torch.tensor([0, 1]), 3)
+    with pytest.raises(ValueError, match="slots must have shape"):
+        rope_store(qkv, torch.ones(1, 2, 4), torch.ones(1, 2, 4), keys, keys.clone(), torch.tensor([0]), 4)
+    with pytest.raises(ValueError, match="2 I"):
+        silu_mul(torch.randn(3, 5))
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 5])
+def test_the_fused_decoder_on_every_kernel_equals_it_on_torch_ops(M):
+    """Prefill, then a forward of M tokens (one per row: the decode step; five: a tree), with every kernel forced
+    (interpreted on CPU) against the same decoder on the torch references."""
+    model = tiny_model("llama")
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    B, T, S = 2, 12, 24
+    shapes = [((B, config.num_key_value_heads, S, head_dim), torch.float32)] * config.num_hidden_layers
+    g = torch.Generator().manual_seed(11)
+    prefix, tokens = torch.randint(0, VOCAB, (B, T), generator=g), torch.randint(0, VOCAB, (B, M), generator=g)
+    positions = T + torch.arange(M)[None].expand(B, M)
+    mask = torch.full((B, 1, M, S), torch.finfo(torch.float32).min)
+    mask[..., :T] = 0.0
+    for j in range(M):
+        mask[:, :, j, T + j] = 0.0
+    outs = []
+    for mode in ("torch", "triton"):
+        dec = FusedDecoder(model, max_positions=64)
+        cache = slot_cache(shapes, torch.device("cpu"))
+        with kernel_mode(mode):
+            dec.prefill(prefix, torch.ones_like(prefix, dtype=torch.bool), cache.layers, all_valid=True)
+            logits, feats = dec(tokens, positions, mask, T + torch.arange(M), cache.layers, (0, 1, 2))
+        outs.append((logits, feats, cache.layers[1].keys.clone()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=2e-5, rtol=1e-4)
+    for mine, ref in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(mine, ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(outs[1][2], outs[0][2], atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+def test_the_fast_path_on_every_decode_kernel_decodes_as_plain_greedy_decoding():
+    """float32 greedy: generate(fast=True) with the kernels forced (interpreted on CPU) gives the eager tokens; so
+    it does with the decode kernels turned off."""
+    model = tiny_model("llama", scale=3.0)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    eager = generate(model, ids, max_new_tokens=8, eos_token_id=[])
+    with kernel_mode("triton"):
+        fast = generate(model, ids, max_new_tokens=8, eos_token_id=[], fast=True)
+        with decode_kernels(gemv_rows=0, attention=False, fused_ops=False):
+            plain_ops = generate(model, ids, max_new_tokens=8, eos_token_id=[], fast=True)
+    assert torch.equal(fast.sequences, eager.sequences)
+    assert torch.equal(plain_ops.sequences, eager.sequences)
