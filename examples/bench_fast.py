@@ -37,6 +37,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -537,7 +538,30 @@ def main(argv=None) -> dict:
                     help='also rows with generate(fast="compile") (torch.compile before each capture)')
     ap.add_argument("--only", nargs="+", default=None, help="keep only the specdec rows whose name holds one of these")
     ap.add_argument("--out", default="runs/bench_fast")
+    add_kernel_args(ap)
     args = ap.parse_args(argv)
+    with kernels_for(args):
+        return run_bench(ap, args)
+
+
+def add_kernel_args(ap) -> None:
+    """``--decode-kernels``: every decode kernel of the fused decoder on for the run (split-key attention and the
+    fused element-wise ops besides the one-row GEMV; :func:`specdec.fused.decode_kernels`)."""
+    ap.add_argument("--decode-kernels", action="store_true",
+                    help="turn on the fused decoder's opt-in decode kernels (attention, element-wise ops)")
+
+
+def kernels_for(args):
+    """The context a script's run goes in: :func:`specdec.fused.decode_kernels` with ``--decode-kernels``."""
+    from specdec.fused import decode_kernels
+
+    if getattr(args, "decode_kernels", False):
+        return decode_kernels(attention=True, fused_ops=True)
+    return contextlib.nullcontext()
+
+
+def run_bench(ap, args) -> dict:
+    """The benchmark (see the module's docstring) for parsed ``args``."""
     torch.backends.cuda.enable_cudnn_sdp(False)  # the anchor's setting
     os.makedirs(args.out, exist_ok=True)
     errors: dict = {}

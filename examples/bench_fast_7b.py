@@ -8,8 +8,9 @@ figure is the step's wall time):
   without its logits processing);
 - ``eager_plain`` / ``fast_plain``: one :func:`specdec.step.step` without drafts, on
   :class:`~specdec.adapter.ModelAdapter` / on :class:`~specdec.static.StaticAdapter` (the fast path);
-  ``fast_plain_cublas`` / ``fast_plain_sdpa``: the fast plain step with the one-row linear kernel / the split-key
-  attention kernel turned off (:func:`specdec.fused.decode_kernels`);
+  ``fast_plain_cublas``: the fast plain step with the one-row linear kernel off; ``fast_plain_attn``: with the
+  split-key attention kernel on; ``fast_plain_kernels``: with every decode kernel on (attention and the fused
+  element-wise ops too; :func:`specdec.fused.decode_kernels`);
 - ``floor``: the bandwidth floor of one vanilla step: (weight bytes + KV bytes of the context) / the copy bandwidth
   measured here (a large device-to-device copy);
 - ``gptfast`` (with ``--gptfast PATH``, the anchors folder holding ``gptfast/``): gpt-fast's compiled decode step
@@ -19,9 +20,9 @@ figure is the step's wall time):
   before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape);
 - ``eager_spec`` / ``fast_spec``: one speculative step, EAGLE-2 (a random :class:`~specdec.heads.Eagle1Head`,
   ``DynamicTree(60, 6, 10)``, drafter graphed as ``recipes.eagle2`` delivers it), verifying the 61-node tree, with
-  compaction, on each adapter. The fast rows run ``step(..., sync=False)`` as ``generate()`` does (since session 9:
-  the speculative step is then one captured forward + verification + late commit; before, these rows timed the
-  synchronous step).
+  compaction, on each adapter; ``fast_spec_kernels``: the fast one with the fused element-wise ops on. The fast
+  rows run ``step(..., sync=False)`` as ``generate()`` does (since session 9: the speculative step is then one
+  captured forward + verification + late commit; before, these rows timed the synchronous step).
 
 Every measurement runs in its own ``try``: a failure is recorded in the results instead of ending the run. Prints a
 Markdown table; ``--out DIR`` writes ``results.json`` and ``results.md``.
@@ -197,8 +198,9 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
             torch.cuda.empty_cache()
 
 
-COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_sdpa", "fast_plain_compiled",
-           "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_compiled"]
+COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn", "fast_plain_kernels",
+           "fast_plain_compiled", "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_kernels",
+           "fast_spec_compiled"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
@@ -235,9 +237,12 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     with decode_kernels(gemv_rows=0):  # the same with cuBLAS for every projection (the one-row kernel off)
         measure(r, "fast_plain_cublas", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
                                                              sync=False), **kw)
-    with decode_kernels(attention=False):  # the same with SDPA's attention (the split-key kernel off)
-        measure(r, "fast_plain_sdpa", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
+    with decode_kernels(attention=True):  # + the split-key attention kernel
+        measure(r, "fast_plain_attn", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
                                                            sync=False), **kw)
+    with decode_kernels(attention=True, fused_ops=True):  # + the fused element-wise ops: every decode kernel
+        measure(r, "fast_plain_kernels", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
+                                                              sync=False), **kw)
     r["floor"] = round(floor_ms(model, batch, args.context, bandwidth), 4)
     if args.gptfast and (args.gptfast_batches is None or batch in args.gptfast_batches):
         held = {}
@@ -251,6 +256,9 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     measure(r, "eager_spec", lambda: specdec_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
     measure(r, "fast_spec", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
                                                  TREE["depth"], sync=False), **kw)
+    with decode_kernels(fused_ops=True):  # the verify forward's element-wise ops fused (its 61 tokens: no GEMV)
+        measure(r, "fast_spec_kernels", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                             drafter, TREE["depth"], sync=False), **kw)
     if args.compile and (args.compile_batches is None or batch in args.compile_batches):
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))

@@ -169,7 +169,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="kernel profiles (plain replay, EAGLE-3 step, gpt-fast)")
     ap.add_argument("--out", default="runs/rounds")
+    bench_fast.add_kernel_args(ap)
     args = ap.parse_args(argv)
+    with bench_fast.kernels_for(args):
+        return run_rounds(args)
+
+
+def run_rounds(args) -> dict:
+    """The rounds (see the module's docstring) for parsed ``args``."""
     if not torch.cuda.is_available():
         raise SystemExit("bench_fast_rounds.py times the CUDA fast path: run it on a GPU machine")
     import transformers
@@ -183,6 +190,7 @@ def main(argv=None) -> dict:
     prompts = bench_fast.load_prompts(args.data, tokenizer, args.num_prompts, args.prompt_tokens, "cuda")
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "prompts": len(prompts), "mode": args.mode,
+                    "decode_kernels": bool(args.decode_kernels),
                     "first_pass_s": {}, "profiles": {}}
     runs = {f"specdec plain ({args.mode})": bench_fast.specdec_run(target, None, n, fast=fast)}
     if args.eagle3:

@@ -21,10 +21,11 @@ matrices in place when a source weight was updated in place since (its version c
 calls it at every prefill, and builds a new decoder (and new graphs) when a parameter was replaced.
 
 **Decode steps.** A forward of at most ``gemv_rows`` rows (default one: the plain decode step at batch 1) runs its
-projections with :func:`specdec.kernels.linear_rows`, a Triton kernel that streams each weight once on CUDA; a
-forward of one token per row attends with :func:`specdec.kernels.decode_attention` (the keys split across
-programs, flash-decoding). Both are their torch references (``F.linear``, SDPA) elsewhere and inside
-``torch.compile``; :func:`decode_kernels` turns them off for an ablation.
+projections with :func:`specdec.kernels.linear_rows`, a Triton kernel that streams each weight once on CUDA.
+Opt-in (:func:`decode_kernels`; not yet measured on a GPU): a forward of one token per row attends with
+:func:`specdec.kernels.decode_attention` (the keys split across programs, flash-decoding), and the residual adds +
+norms, RoPE + cache writes and SiLU-mul run as the one-launch kernels of :mod:`specdec.kernels.decoder_ops`. All
+are their torch references (``F.linear``, SDPA, torch ops) elsewhere and inside ``torch.compile``.
 
 The result equals HF's forward up to floating-point summation order (float32 greedy decoding is token-identical in
 the tests; the features are HF's ``hidden_states`` indices: 0 the embeddings, ``i`` the output of layer ``i - 1``,
@@ -50,7 +51,7 @@ from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rop
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .nn.attention import masked_sdpa_kernel
 
-__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels"]
+__all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels", "decode_settings"]
 
 #: HF ``model_type`` s whose decoder :class:`FusedDecoder` reproduces.
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -96,7 +97,9 @@ def fused_support(model: nn.Module) -> str | None:
     return None
 
 
-_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": True, "fused_ops": True}
+# decode_attention and fused_ops: off until measured on the GPU (written and CPU-tested in session 10, after the
+# session's device time); decode_kernels(attention=True, fused_ops=True) turns them on.
+_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": False, "fused_ops": False}
 
 
 @contextlib.contextmanager
@@ -104,10 +107,10 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
     """Within the block, fused decoders built without their own settings (as the fast path builds them) take these:
     ``gemv_rows``, the most rows a forward may have for :func:`specdec.kernels.linear_rows` (``0``: ``F.linear``
     always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), and ``attention``, whether one-token
-    forwards attend with :func:`specdec.kernels.decode_attention` (default ``True``) or SDPA, and ``fused_ops``,
-    whether the residual adds + norms, RoPE + cache writes and SiLU-mul run as the fused kernels of
-    :mod:`specdec.kernels.decoder_ops` (default ``True``) or as torch ops. ``None`` keeps the setting in force. For
-    ablations of the kernels.
+    forwards attend with :func:`specdec.kernels.decode_attention` or SDPA, and ``fused_ops``, whether the residual
+    adds + norms, RoPE + cache writes and SiLU-mul run as the fused kernels of :mod:`specdec.kernels.decoder_ops`
+    or as torch ops (both default ``False`` for now: not yet measured on a GPU). ``None`` keeps the setting in
+    force. For ablations of the kernels.
 
     Args:
         gemv_rows: ``0 <= gemv_rows`` or ``None``.
@@ -115,8 +118,8 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
         fused_ops: ``True``, ``False`` or ``None``.
 
     Example:
-        >>> with decode_kernels(gemv_rows=0, attention=False):       # doctest: +SKIP
-        ...     out = generate(model, ids, fast=True)                # cuBLAS projections, SDPA attention
+        >>> with decode_kernels(attention=True, fused_ops=True):     # doctest: +SKIP
+        ...     out = generate(model, ids, fast=True)                # every decode kernel
     """
     if gemv_rows is not None and (not isinstance(gemv_rows, int) or gemv_rows < 0):
         raise ValueError(f"decode_kernels: gemv_rows must be an int >= 0 (0 turns the kernel off), got {gemv_rows!r}")
@@ -131,6 +134,12 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
         yield
     finally:
         _DECODE_DEFAULTS.update(before)
+
+
+def decode_settings() -> dict:
+    """The settings fused decoders built now take (``gemv_rows``, ``decode_attention``, ``fused_ops``; see
+    :func:`decode_kernels`)."""
+    return dict(_DECODE_DEFAULTS)
 
 
 class _Layer(NamedTuple):
@@ -210,6 +219,19 @@ class FusedDecoder:
         self.decode_attention = (_DECODE_DEFAULTS["decode_attention"] if decode_attention is None
                                  else bool(decode_attention))
         self.fused_ops = _DECODE_DEFAULTS["fused_ops"] if fused_ops is None else bool(fused_ops)
+
+    @property
+    def settings(self) -> dict:
+        """This decoder's kernel choices: ``gemv_rows``, ``decode_attention``, ``fused_ops``."""
+        return {key: getattr(self, key) for key in _DECODE_DEFAULTS}
+
+    def use_settings(self, settings: dict) -> None:
+        """Take other kernel choices (keys of :attr:`settings`); graphs captured on this decoder keep the old
+        ones, so capture again (the static adapter does when :func:`decode_settings` changed)."""
+        for key, value in settings.items():
+            if key not in _DECODE_DEFAULTS:
+                raise KeyError(f"unknown decode setting {key!r}; known: {sorted(_DECODE_DEFAULTS)}")
+            setattr(self, key, value)
 
     def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:

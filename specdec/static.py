@@ -64,7 +64,7 @@ import torch
 from torch import nn
 
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
-from .fused import FusedDecoder, fused_support
+from .fused import FusedDecoder, decode_settings, fused_support
 from .graphs import BoundMark, CapturedStep, _spec, capture_graph, capture_graph_ref, mark_bound, settle_bound
 from .kernels import KVCompactPlan, tree_mask
 
@@ -502,9 +502,14 @@ class StaticAdapter:
         same_params = store.params == params  # a replaced, moved or cast parameter: the graphs read the old memory
         if store.fused is not None and same_params:
             store.fused.sync()  # weights updated in place: copied again into the fused tensors
+        settings = decode_settings()
+        same_kernels = store.fused is None or store.fused.settings == settings
+        if not same_kernels:  # decode_kernels() changed since the graphs were captured: capture them again
+            store.fused.use_settings(settings)
         if buf is not None:
             same = [(tuple(la.keys.shape), la.keys.dtype) for la in buf.cache.layers] == shapes
-            if same and same_params and self.fused == (store.fused is not None) and buf.valid.device == device:
+            if (same and same_params and same_kernels and self.fused == (store.fused is not None)
+                    and buf.valid.device == device):
                 return buf
         rows = self.capacity + self.buckets[-1]  # RoPE table rows the forwards may read
         keep = self.fused and same_params and store.fused is not None and store.fused.cos.shape[0] >= rows

@@ -24,7 +24,7 @@ def test_the_tiny_shape_measures_every_row_and_the_fast_speculative_step_is_the_
     rows = bench.main(["--tiny", "--batches", "2", "--reps", "2", "--warmup", "1", "--context", "16"])
     row = rows[2]
     assert not row.get("errors"), row.get("errors")
-    for name in ("hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_sdpa",
-                 "eager_spec", "fast_spec", "floor"):
+    for name in ("hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn",
+                 "fast_plain_kernels", "eager_spec", "fast_spec", "fast_spec_kernels", "floor"):
         assert math.isfinite(row[name]) and row[name] > 0, (name, row)
     assert len(calls) >= 3  # the fast speculative step's warm-up and timed runs: forward + verify + commit captured

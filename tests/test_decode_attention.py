@@ -93,7 +93,7 @@ def test_the_fused_decoder_attends_one_token_with_the_kernel_as_with_sdpa(batch)
     mask[..., 21:] = torch.finfo(torch.float32).min
     outs = []
     for attention, mode in ((False, "auto"), (True, "triton")):
-        with decode_kernels(attention=attention, gemv_rows=0):
+        with decode_kernels(attention=attention, gemv_rows=0, fused_ops=False):
             dec = FusedDecoder(model, max_positions=64)
         assert dec.decode_attention is attention and dec.gemv_rows == 0
         cache = slot_cache(shapes, torch.device("cpu"))
@@ -111,7 +111,7 @@ def test_decode_kernels_restores_the_defaults_and_names_bad_values():
         inside = FusedDecoder(model, max_positions=8)
     after = FusedDecoder(model, max_positions=8)
     assert (inside.gemv_rows, inside.decode_attention) == (0, False)
-    assert (after.gemv_rows, after.decode_attention) == (before.gemv_rows, before.decode_attention) == (1, True)
+    assert (after.gemv_rows, after.decode_attention) == (before.gemv_rows, before.decode_attention) == (1, False)
     with pytest.raises(ValueError, match="gemv_rows must be an int >= 0"):
         with decode_kernels(gemv_rows=-1):
             pass

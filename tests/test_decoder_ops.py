@@ -120,7 +120,7 @@ def test_the_fused_decoder_on_every_kernel_equals_it_on_torch_ops(M):
         mask[:, :, j, T + j] = 0.0
     outs = []
     for mode in ("torch", "triton"):
-        dec = FusedDecoder(model, max_positions=64)
+        dec = FusedDecoder(model, max_positions=64, decode_attention=True, fused_ops=True)
         cache = slot_cache(shapes, torch.device("cpu"))
         with kernel_mode(mode):
             dec.prefill(prefix, torch.ones_like(prefix, dtype=torch.bool), cache.layers, all_valid=True)
@@ -133,15 +133,42 @@ def test_the_fused_decoder_on_every_kernel_equals_it_on_torch_ops(M):
 
 
 @needs_kernel
-def test_the_fast_path_on_every_decode_kernel_decodes_as_plain_greedy_decoding():
-    """float32 greedy: generate(fast=True) with the kernels forced (interpreted on CPU) gives the eager tokens; so
-    it does with the decode kernels turned off."""
-    model = tiny_model("llama", scale=3.0)
-    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
-    eager = generate(model, ids, max_new_tokens=8, eos_token_id=[])
-    with kernel_mode("triton"):
-        fast = generate(model, ids, max_new_tokens=8, eos_token_id=[], fast=True)
+@pytest.mark.parametrize("device,batch", [(d, b) for d in DEVICES for b in ((2,) if d == "cpu" else (1, 2))])
+def test_the_fast_path_on_every_decode_kernel_decodes_as_plain_greedy_decoding(device, batch):
+    """float32 greedy: generate(fast=True) with every decode kernel on (forced and interpreted on CPU; on CUDA
+    captured in the graphs) gives the eager tokens; so it does with them off."""
+    model = tiny_model("llama", scale=3.0).to(device)
+    ids = torch.randint(0, VOCAB, (batch, 9), generator=torch.Generator().manual_seed(2)).to(device)
+    eager = generate(model, ids, max_new_tokens=6, eos_token_id=[])
+    mode = "triton" if device == "cpu" else "auto"
+    with kernel_mode(mode):
+        with decode_kernels(gemv_rows=16, attention=True, fused_ops=True):
+            fast = generate(model, ids, max_new_tokens=6, eos_token_id=[], fast=True)
         with decode_kernels(gemv_rows=0, attention=False, fused_ops=False):
-            plain_ops = generate(model, ids, max_new_tokens=8, eos_token_id=[], fast=True)
+            plain_ops = generate(model, ids, max_new_tokens=6, eos_token_id=[], fast=True)
     assert torch.equal(fast.sequences, eager.sequences)
     assert torch.equal(plain_ops.sequences, eager.sequences)
+
+
+def test_a_held_static_store_takes_new_decode_settings_and_captures_again():
+    """generate(fast=...) keeps one static store per model on CUDA: a change of decode_kernels() between calls must
+    reach its fused decoder (and drop the graphs captured with the old choice), never be ignored."""
+    from specdec.static import StaticAdapter, capacity_for
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    first = StaticAdapter(model, capacity=capacity_for(6, 8, 64))
+    first.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
+    store = first._store
+    held = store.buffers
+    assert store.fused.settings["fused_ops"] is False
+    with decode_kernels(fused_ops=True, attention=True):
+        second = StaticAdapter(model, capacity=first.capacity)
+        second._store = store  # as target_adapter() hands the held store to the next call's adapter
+        second.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
+    assert store.fused.settings == {"gemv_rows": 1, "decode_attention": True, "fused_ops": True}
+    assert store.buffers is not held  # new buffers: no graph captured with the old kernels replays
+    third = StaticAdapter(model, capacity=first.capacity)
+    third._store = store
+    third.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
+    assert store.fused.settings["fused_ops"] is False
