@@ -530,7 +530,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--draft-k", type=int, nargs="+", default=[4, 6])
     ap.add_argument("--lookup-k", type=int, default=10)
-    ap.add_argument("--batches", type=int, nargs="+", default=[4, 16], help="batched rows (besides batch 1)")
+    ap.add_argument("--batches", type=int, nargs="*", default=[4, 16],
+                    help="batched rows (besides batch 1); none: batch 1 only")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=None, help="budget of each timed loop")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny random models, no gpt-fast")
