@@ -257,11 +257,11 @@ class FusedDecoder:
         """Attention of ``q [B, nh, M, d]`` over the cache's ``[B, nk, S, d]`` (the first ``kv_len`` slots, causally,
         when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row, else SDPA."""
         B, _, M, d = q.shape
+        if kv_len is not None:
+            keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
         if M == 1 and mask is not None and self.decode_attention:
             return decode_attention(q, keys, values, mask, self.scaling)
         nh, nk = self.heads, self.kv_heads
-        if kv_len is not None:
-            keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
         if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
             S = keys.shape[2]
             keys = keys[:, :, None].expand(B, nk, nh // nk, S, d).reshape(B, nh, S, d)

@@ -172,3 +172,22 @@ def test_a_held_static_store_takes_new_decode_settings_and_captures_again():
     third._store = store
     third.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
     assert store.fused.settings["fused_ops"] is False
+
+
+@needs_kernel
+def test_a_one_token_prompt_with_padding_rows_prefills_on_the_kernels():
+    """A prefill of one token per row with a mask over its T = 1 slots (not the cache's S) takes the decode
+    attention path: the keys are cut to the prompt first."""
+    model = tiny_model("llama")
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shapes = [((2, config.num_key_value_heads, 8, head_dim), torch.float32)] * config.num_hidden_layers
+    tokens = torch.tensor([[3], [5]])
+    valid = torch.tensor([[True], [False]])  # a padding row: the mask path (not all_valid)
+    outs = []
+    for mode in ("torch", "triton"):
+        dec = FusedDecoder(model, max_positions=16, decode_attention=True, fused_ops=True)
+        cache = slot_cache(shapes, torch.device("cpu"))
+        with kernel_mode(mode):
+            outs.append(dec.prefill(tokens, valid, cache.layers)[0])
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)
