@@ -12,7 +12,8 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
   compiled with ``torch.compile(mode="reduce-overhead", fullgraph=True)`` as the anchor does;
 - ``specdec eager plain`` / ``specdec fast plain``: :func:`specdec.generate` without a drafter, ``fast=False/True``;
 - ``specdec fast SpS K=4,6``: the draft model (``DraftModelDrafter(fast=True)``: the draft model on its own static
-  cache, graphed), target on the fast path; and the first K once more with the draft model left eager;
+  cache, graphed), target on the fast path; each K again with ``capture_chain=True`` (the chain's levels as one
+  captured step, "chain captured"); and the first K once more with the draft model left eager;
 - ``specdec fast prompt lookup``: ``PromptLookupDrafter(fixed_width=True)`` (no host sync in ``propose``);
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
   parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` when given.
@@ -249,6 +250,9 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
     for k in args.draft_k if draft is not None else ():
         makers[f"specdec fast SpS K={k}"] = (
             lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), True)
+        makers[f"specdec fast SpS K={k}, chain captured"] = (
+            lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity,
+                                          capture_chain=True), True)
     if draft is not None and args.draft_k:  # Part of the story: the same K with the draft model left eager
         k = args.draft_k[0]
         makers[f"specdec fast SpS K={k}, eager draft"] = (lambda k=k: DraftModelDrafter(draft, num_drafts=k), True)
@@ -270,6 +274,9 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
         for k in args.draft_k if draft is not None else ():
             makers[f"specdec fast+compile SpS K={k}"] = (
                 lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast="compile", capacity=draft_capacity), "compile")
+            makers[f"specdec fast+compile SpS K={k}, chain captured"] = (
+                lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast="compile", capacity=draft_capacity,
+                                              capture_chain=True), "compile")
     if args.only:
         makers = {name: v for name, v in makers.items() if any(part in name for part in args.only)}
     methods = {}
@@ -435,11 +442,13 @@ def checks(rows: list[dict]) -> list[str]:
             out.append(f"{variant} EAGLE-3 / gpt-fast vanilla tokens/s = {r:.2f} (target >= 1.5; "
                        f"{e3['speedup_vs_hf']:.1f}x HF vanilla): {'ok' if r >= 1.5 else 'MISS'}")
         for k in (4, 6):
-            ours, theirs = by.get(f"specdec {variant} SpS K={k}"), by.get(f"gpt-fast SpS K={k}")
-            if ours and theirs:
-                r = ours["tokens_per_s"] / theirs["tokens_per_s"]
-                out.append(f"{variant} SpS K={k} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
-                           f"{'ok' if r > 1 else 'MISS'}")
+            theirs = by.get(f"gpt-fast SpS K={k}")
+            for suffix in ("", ", chain captured"):
+                ours = by.get(f"specdec {variant} SpS K={k}{suffix}")
+                if ours and theirs:
+                    r = ours["tokens_per_s"] / theirs["tokens_per_s"]
+                    out.append(f"{variant} SpS K={k}{suffix} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
+                               f"{'ok' if r > 1 else 'MISS'}")
     spec = [r for r in by.values() if r["method"].startswith("specdec fast") and "plain" not in r["method"]
             and "eager draft" not in r["method"]]
     gspec = [r["tokens_per_s"] for r in by.values() if r["method"].startswith("gpt-fast SpS")]
@@ -509,9 +518,9 @@ def short_table(rows: list[dict]) -> str:
     def f(x, fmt):
         return format(x, fmt) if x is not None else "-"
 
-    lines = [f"{'batch':>5} {'method':<34} {'tok/s':>9} {'vs HF':>7} {'vs gf':>6} {'tau':>5}"]
+    lines = [f"{'batch':>5} {'method':<50} {'tok/s':>9} {'vs HF':>7} {'vs gf':>6} {'tau':>5}"]
     for r in rows:
-        lines.append(f"{r['batch']:>5} {r['method']:<34} {r['tokens_per_s']:>9.1f} {f(r['speedup_vs_hf'], '.2f'):>7} "
+        lines.append(f"{r['batch']:>5} {r['method']:<50} {r['tokens_per_s']:>9.1f} {f(r['speedup_vs_hf'], '.2f'):>7} "
                      f"{f(r['ratio_vs_gptfast'], '.2f'):>6} {f(r['tau'], '.2f'):>5}")
     return "\n".join(lines)
 

@@ -859,6 +859,103 @@ class StaticAdapter:
         buf.high_water[graph_key] = Lc + size
         return outputs, self._late_committed(buf, state, keep.shape[1], counts)
 
+    @torch.no_grad()
+    def forward_chain(self, state: StaticCacheState, tokens: torch.Tensor, parents: torch.Tensor,
+                      positions: torch.Tensor, present: torch.Tensor, root_index: torch.Tensor, num_levels: int,
+                      vocab_size: int | None = None) -> tuple[torch.Tensor, StaticCacheState]:
+        """:meth:`forward` of ``tokens``, then a greedy chain of ``num_levels - 1`` one-token forwards, as one
+        captured step (one graph replay on CUDA instead of ``num_levels`` replays and the ops between them).
+
+        The chain starts at each row's node ``root_index`` of ``tokens``: level 1 is the argmax of the root's
+        logits; level ``j + 1`` the argmax of the logits of level ``j``'s token, run at position
+        ``positions[b, root_index[b]] + j`` and seeing what the root sees plus levels ``1..j``. It is how a draft
+        model drafts a chain of ``K = num_levels`` tokens greedily (:class:`~specdec.drafters.DraftModelDrafter`):
+        the same forwards and argmaxes as :meth:`forward` level by level, without the host between them.
+
+        Args:
+            state: the cache state (consumed).
+            tokens: Shape ``[B, M]``, the first forward's nodes (e.g. committed tokens the draft model has not run,
+                ending in the root).
+            parents: Shape ``[B, M]`` int64, as :meth:`forward`'s.
+            positions: Shape ``[B, M]`` int64, position ids.
+            present: Shape ``[B, M]`` bool, as :meth:`forward`'s.
+            root_index: Shape ``[B]`` int64, the chain's root among the ``M`` nodes (present).
+            num_levels: ``K >= 1``, tokens drafted (``K - 1`` one-token forwards after the first).
+            vocab_size: take the argmax over the first ``vocab_size`` logits only (a draft model whose embedding is
+                padded past the target's vocabulary); ``None``: all.
+
+        Returns:
+            ``(drafts [B, K] int64, state)``: ``M + K - 1`` more pending slots: the ``M`` nodes, then levels
+            ``1..K - 1`` (level ``j``'s parent: the root for ``j = 1``, level ``j - 1`` after); level ``K`` is
+            not run.
+
+        Raises:
+            ValueError: ``num_levels < 1``.
+            CapacityError: the forwards do not fit in the remaining slots.
+        """
+        if num_levels < 1:
+            raise ValueError(f"forward_chain: num_levels must be >= 1, got {num_levels}")
+        buf = self._check_state(state)
+        _consume(state, "forward")
+        B, M = tokens.shape
+        size = bucket_for(M, self.buckets)
+        state = self._tightened(state, max(size, M + num_levels - 1))
+        self._check_room(state, max(size, M + num_levels - 1), M)
+        P, Lc = state.num_pending, state.committed
+        graph_key = ("chain", size, M, num_levels, vocab_size)
+        runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
+        inputs, all_parents = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner,
+                                                  graph_key)
+        root_index = root_index.long()
+        root_positions = positions.gather(1, root_index[:, None])[:, 0]
+        if runner is not None:
+            runner.inputs[4].copy_(root_index)
+            runner.inputs[5].copy_(root_positions)
+            drafts = runner._run().clone()
+        else:
+            step = self._chain_fn(buf, M, num_levels, vocab_size)
+            if size > self.buckets[-1]:
+                drafts = step(*inputs, root_index, root_positions)
+            else:
+                runner = buf.runners[graph_key] = self._capture_fn()(step, (*inputs, root_index, root_positions))
+                drafts = runner._run().clone()
+        buf.high_water[graph_key] = Lc + P + size
+        if num_levels > 1:  # level 1 hangs from the root, each next level from the one before
+            level_parents = torch.cat([(P + root_index)[:, None], P + M + torch.arange(
+                num_levels - 2, device=tokens.device).expand(B, -1)], 1)
+        else:
+            level_parents = all_parents.new_empty(B, 0)
+        pending_present = torch.cat([*([state.pending_present] if P else []), present,
+                                     torch.ones(B, num_levels - 1, dtype=torch.bool, device=tokens.device)], 1)
+        return drafts, state._replace(pending_parents=torch.cat([all_parents[:, :P + M], level_parents], 1),
+                                      pending_present=pending_present, ticket=self._issue())
+
+    def _chain_fn(self, buf: _Buffers, M: int, num_levels: int, vocab: int | None) -> Callable:
+        """The function :meth:`forward_chain` captures: the bucket forward, then the greedy one-token levels."""
+        model = self._model_fn(buf.cache)
+        compile_fn = getattr(self._capture_fn(), "compile_fn", None)
+        if compile_fn is not None:
+            model = compile_fn(model)
+
+        def argmax(logits: torch.Tensor) -> torch.Tensor:
+            return (logits if vocab is None else logits[..., :vocab]).argmax(-1)
+
+        def run(tokens, positions, mask, slots, root_index, root_positions):
+            logits, _ = model(tokens, positions, mask, slots)
+            B, V = logits.shape[0], logits.shape[-1]
+            token = argmax(logits.gather(1, root_index[:, None, None].expand(B, 1, V))[:, 0])
+            drafts = [token]
+            # the root's mask row: committed slots, its pending ancestors and itself; each level adds its own slot
+            row = mask.gather(2, root_index[:, None, None, None].expand(B, 1, 1, mask.shape[-1]))
+            for j in range(1, num_levels):
+                slot = slots[:1] + (M + j - 1)
+                row.index_fill_(-1, slot, 0.0)
+                logits, _ = model(token[:, None], (root_positions + j)[:, None], row, slot)
+                token = argmax(logits[:, 0])
+                drafts.append(token)
+            return torch.stack(drafts, 1)
+        return run
+
     def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable) -> Callable:
         """The function :meth:`forward_commit` captures: forward, ``decide``, then the moves to the rows' ends."""
         model = self._model_fn(buf.cache)

@@ -61,6 +61,68 @@ def test_fast_draft_model_gives_the_eager_tokens_and_acceptance(kind, batch, dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_captured_chain_drafts_what_the_level_by_level_chain_drafts(batch, device, fast):
+    """capture_chain=True: the pending tokens and the K - 1 levels as one captured step (forward_chain), with the
+    target on the eager or the fast path: the same tokens, target forwards and tau as level by level."""
+    model = tiny_model("llama", scale=3.0).to(device)
+    ids, mask = _prompts(batch, device)
+    draft = noisy_copy(model, 0.3)
+    runs = []
+    for capture_chain in (False, True):
+        drafter = DraftModelDrafter(draft, num_drafts=4, fast=True, capture_chain=capture_chain,
+                                    capacity=capacity_for(ids.shape[1], 24, 16))
+        runs.append(generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=20, eos_token_id=[],
+                             fast=fast))
+        if capture_chain:
+            keys = [k for k in drafter.adapter._store.buffers.runners if isinstance(k, tuple) and k[0] == "chain"]
+            assert keys, "the captured chain was not used"
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(runs[1].sequences, runs[0].sequences)
+    assert torch.equal(runs[1].sequences, plain.sequences)
+    assert runs[1].stats.num_target_forwards == runs[0].stats.num_target_forwards
+    assert runs[1].stats.tau == runs[0].stats.tau > 1.0
+
+
+def test_forward_chain_equals_forward_level_by_level():
+    """StaticAdapter.forward_chain against forward() then K - 1 one-token forward() calls: the same argmax chain,
+    the same pending parents and presence, the same keys written."""
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(2, "cpu")
+    K = 4
+    results = []
+    for chained in (False, True):
+        ad = StaticAdapter(model, capacity=capacity_for(ids.shape[1], 16, 16), buckets=(1, 2, 4, 8))
+        _, st = ad.prefill(ids, mask)
+        tokens = torch.tensor([[5, 7, 0], [9, 0, 0]])  # pending committed tokens; row 1 holds one
+        counts = torch.tensor([2, 1])
+        ar = torch.arange(3)[None]
+        present = ar < counts[:, None]
+        parents = (ar - 1).expand(2, 3).masked_fill(~present, -1)
+        positions = st.lengths[:, None] + ar
+        root = counts - 1
+        if chained:
+            drafts, st = ad.forward_chain(st, tokens, parents, positions, present, root, K)
+        else:
+            out, st = ad.forward(st, tokens, parents, positions, present)
+            tok = out.logits.gather(1, root[:, None, None].expand(2, 1, out.logits.shape[-1]))[:, 0].argmax(-1)
+            drafts = [tok]
+            for j in range(1, K):
+                parent = (root if j == 1 else torch.full_like(root, 3 + j - 2))[:, None]
+                out, st = ad.forward(st, tok[:, None], parent, positions.gather(1, root[:, None]) + j)
+                tok = out.logits[:, 0].argmax(-1)
+                drafts.append(tok)
+            drafts = torch.stack(drafts, 1)
+        keys = ad._store.buffers.cache.layers[0].keys[:, :, st.committed:st.committed + st.num_pending].clone()
+        results.append((drafts, st.pending_parents, st.pending_present, keys))
+    for mine, ref in zip(results[1], results[0]):
+        torch.testing.assert_close(mine, ref)
+    with pytest.raises(ValueError, match="num_levels must be >= 1"):
+        StaticAdapter(model, capacity=64).forward_chain(None, tokens, parents, positions, present, root, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fast_draft_model_with_the_target_on_the_fast_path_too(device):
     model = tiny_model("llama", scale=3.0).to(device)
     ids, mask = _prompts(3, device)

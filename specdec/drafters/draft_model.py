@@ -99,6 +99,10 @@ class DraftModelDrafter:
             (``StaticAdapter.commit(late=True)``). Same drafts as ``fast=False`` (float32). A draft model the
             static path refuses (see :func:`~specdec.static.static_support`) runs eagerly after one warning.
             ``fast="compile"``: the same, each captured forward compiled by ``torch.compile`` first (on CUDA).
+        capture_chain: with ``fast``, a greedy chain (no ``tree``, ``topk`` mode) drafts its K tokens in one
+            captured step (:meth:`~specdec.static.StaticAdapter.forward_chain`: the pending tokens' forward and
+            K - 1 one-token forwards with their argmaxes) instead of one replay per level with host work between.
+            Same drafts. Off by default until measured on a GPU.
         capacity: with ``fast=True``, cache slots per row (``Lmax``; attention spans all of them every forward):
             at least prompt + new tokens + the widest forward + 1, e.g.
             ``capacity_for(prompt_len, max_new_tokens, 16)``. ``None``: the draft model's
@@ -110,7 +114,8 @@ class DraftModelDrafter:
     """
 
     def __init__(self, model, num_drafts: int | None = None, tree: Tree | list | str | None = None,
-                 mode: str = "auto", *, fast: bool | str = False, capacity: int | None = None):
+                 mode: str = "auto", *, fast: bool | str = False, capacity: int | None = None,
+                 capture_chain: bool = False):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         if tree is not None and not isinstance(tree, Tree):
@@ -130,6 +135,7 @@ class DraftModelDrafter:
         self.model = model
         self.adapter = ModelAdapter(model, role="draft model")
         self.fast = fast
+        self.capture_chain = bool(capture_chain)
         self.capacity = capacity
         self._static = None  # the StaticAdapter (fast=True), built at the first start() and kept with its graphs
         self.tree = tree
@@ -216,6 +222,8 @@ class DraftModelDrafter:
         mode = self.mode
         if mode == "auto" or request.sampling.is_greedy:
             mode = "topk" if request.sampling.is_greedy else "sample"
+        if mode == "topk" and self.tree is None and self.capture_chain and hasattr(self.adapter, "forward_chain"):
+            return self._propose_chain(state, request, tree)
         source = None if mode == "topk" else request.source
         device = request.roots.device
         B = request.roots.shape[0]
@@ -272,6 +280,27 @@ class DraftModelDrafter:
         if keep_q and tree.num_nodes == tree.max_depth:
             draft = draft._replace(scheme=DraftScheme.IID)  # a sampled chain: one child per node
         return draft, state._replace(cache=cache, node_slots=node_slots, num_forwards=state.num_forwards + forwards)
+
+    def _propose_chain(self, state: DraftModelState, request: ProposeRequest, tree: Tree
+                       ) -> tuple[Draft, DraftModelState]:
+        """A greedy chain on the fast path: the pending tokens and K - 1 levels as one captured step."""
+        k = request.num_drafts
+        B, P0 = state.pending_tokens.shape
+        device = request.roots.device
+        ar = torch.arange(P0, device=device)[None, :]
+        present = ar < state.pending_counts[:, None]
+        chain_parents = (ar - 1).expand(B, P0).masked_fill(~present, -1)
+        root_slot = state.pending_counts - 1
+        cache = state.cache
+        drafts, cache = self.adapter.forward_chain(cache, state.pending_tokens, chain_parents,
+                                                   cache.lengths[:, None] + ar, present, root_slot, k,
+                                                   request.vocab_size)
+        node_slots = torch.cat([root_slot[:, None], (P0 + torch.arange(k - 1, device=device)).expand(B, -1),
+                                torch.full((B, 1), -1, dtype=torch.long, device=device)], 1)
+        draft = Draft(tokens=drafts, parents=tree.parents[None].expand(B, -1).contiguous(),
+                      depths=tree.depths[None].expand(B, -1).contiguous(), draft_probs=None,
+                      scheme=DraftScheme.DETERMINISTIC)
+        return draft, state._replace(cache=cache, node_slots=node_slots, num_forwards=state.num_forwards + k)
 
     @staticmethod
     def _choose(logits, q, n_child, mode, source) -> torch.Tensor:
