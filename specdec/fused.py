@@ -97,8 +97,8 @@ def fused_support(model: nn.Module) -> str | None:
     return None
 
 
-# decode_attention and fused_ops: off until measured on the GPU (written and CPU-tested in session 10, after the
-# session's device time); decode_kernels(attention=True, fused_ops=True) turns them on.
+# decode_attention and fused_ops: off until measured on a GPU (tested on CPU under the Triton interpreter);
+# decode_kernels(attention=True, fused_ops=True) turns them on.
 _DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": False, "fused_ops": False}
 
 
