@@ -150,6 +150,30 @@ def _draft_ms(target, drafter, prompts, n, k, repeats: int, fast=False) -> tuple
     return {phase: 1e3 * s / max(1, steps) for phase, s in totals.items()}, during
 
 
+def _target_graphs(target) -> tuple[int, int]:
+    """``(graphs held, distinct buffers)`` over the fast path's held stores of ``target`` (see
+    :func:`specdec.static.target_adapter`; CUDA only: nothing is held elsewhere)."""
+    from specdec.static import _STORES
+
+    stores = [store for store in _STORES.get(target, {}).values() if store.buffers is not None]
+    return sum(len(store.buffers.runners) for store in stores), len({id(store.buffers) for store in stores})
+
+
+def _counted(run, drafter, target, calls: list):
+    """``run`` (a benchmark method), appending per call what it captured: the drafter's new graphs and buffer
+    changes (a :class:`~specdec.graphs.GraphedDrafter`'s counts), and the target store's new graphs and buffers.
+    A call of the timed loop that captures (after the warm-up prompts) pays the capture in its time."""
+    def counted(ids):
+        before, held = dict(getattr(drafter, "counts", {})), _target_graphs(target)
+        out = run(ids)
+        after, now = getattr(drafter, "counts", {}), _target_graphs(target)
+        calls.append({"drafter_captures": after.get("captures", 0) - before.get("captures", 0),
+                      "drafter_buffer_changes": after.get("buffer_changes", 0) - before.get("buffer_changes", 0),
+                      "target_graphs_added": now[0] - held[0], "target_buffers": now[1]})
+        return out
+    return counted
+
+
 def _plot(rows: list, ks: list, path: str, title: str) -> None:
     import matplotlib
 
@@ -244,6 +268,7 @@ def main(argv=None):
     if draft is not None:
         methods["HF assisted"] = bench.hf_method(target, n, assistant_model=draft)
     drafters, trees = {}, {}  # trees: row name ("P-EAGLE+tree", "P-EAGLE+tree120") -> K -> tree choices
+    calls: dict = {}  # (method, K) -> per call of the benchmark loop: what it captured (see _counted)
     if args.tree:
         for method, (head, _make) in list(heads.items()):
             if method in TREE_RECIPES:
@@ -258,8 +283,10 @@ def main(argv=None):
             depth = max(map(len, trees[method][k])) if method in trees else k
             drafters[(method, k)] = drafter, depth
             sized = {"max_cache_len": args.prompt_tokens + n} if fast else {}  # one cache size: no re-capture
-            methods[f"{method} K={k}"] = bench.specdec_method(target, lambda d=drafter: d, n, num_drafts=depth,
-                                                               fast=fast, **sized)
+            calls[(method, k)] = []
+            methods[f"{method} K={k}"] = _counted(bench.specdec_method(target, lambda d=drafter: d, n,
+                                                                        num_drafts=depth, fast=fast, **sized),
+                                                   drafter, target, calls[(method, k)])
     with open(os.path.join(args.out, "log.txt"), "w") as log:
         results = bench.run_benchmark(methods, prompts, warmup=args.warmup, baseline="HF vanilla",
                                       max_seconds=args.max_seconds, log=log)
@@ -272,6 +299,7 @@ def main(argv=None):
                      "tau": r.tau, "acceptance_per_depth": r.acceptance_per_depth, "greedy_match": r.greedy_match,
                      "draft_ms": phases.get("draft", float("nan")), "phases_ms_per_step": phases,
                      "graph_counts_while_profiled": graph_counts,
+                     "captures_per_call": calls[(method, k)],
                      "tree_nodes": len(trees[method][k]) if method in trees else None})
     measured = results[0].extra["prompts"]
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -299,6 +327,15 @@ def main(argv=None):
                    "ratio_tokens_per_second": best_parallel["tokens_per_second"] / best_e3["tokens_per_second"]}
         lines += ["", f"Best parallel drafter: {summary['best_parallel']}, "
                       f"{summary['ratio_tokens_per_second']:.2f}x the tokens/s of the best {summary['best_eagle3']}."]
+    late = []  # rows that captured inside the timed loop (after the warm-up calls): their time includes it
+    for row in rows:
+        timed = row["captures_per_call"][args.warmup:]
+        drafter = sum(c["drafter_captures"] + c["drafter_buffer_changes"] for c in timed)
+        target_added = sum(c["target_graphs_added"] for c in timed)
+        if drafter or target_added:
+            late.append(f"{row['method']} K={row['K']}: drafter {drafter}, target {target_added} "
+                        f"(over {len(timed)} timed calls)")
+    lines += ["", "Captures inside the timed loop: " + ("; ".join(late) if late else "none") + "."]
     md = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)

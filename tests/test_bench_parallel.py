@@ -21,6 +21,12 @@ def test_quick_mode_writes_every_row_and_every_row_is_lossless(tmp_path, fast):
         assert row["tau"] >= 1.0 and row["draft_ms"] > 0 and row["K"] == 3
     assert ("fast=True" in saved["title"]) == (fast == "graphs")
     assert (tmp_path / "results.md").exists()
+    for row in saved["rows"]:  # what each benchmark call captured: recorded per call (CPU: nothing is held)
+        calls = row["captures_per_call"]
+        assert calls and all(set(c) == {"drafter_captures", "drafter_buffer_changes", "target_graphs_added",
+                                        "target_buffers"} for c in calls)
+        assert all(c["target_graphs_added"] == 0 and c["target_buffers"] == 0 for c in calls)
+    assert "Captures inside the timed loop: none." in (tmp_path / "results.md").read_text()
 
 
 def test_a_tree_size_sweep_gives_one_row_family_per_budget(tmp_path):
