@@ -917,7 +917,9 @@ class StaticAdapter:
             if size > self.buckets[-1]:
                 drafts = step(*inputs, root_index, root_positions)
             else:
-                runner = buf.runners[graph_key] = self._capture_fn()(step, (*inputs, root_index, root_positions))
+                capture = self._capture_fn()
+                capture = getattr(capture, "capture", capture)  # under compile, _chain_fn compiled the forwards
+                runner = buf.runners[graph_key] = capture(step, (*inputs, root_index, root_positions))
                 drafts = runner._run().clone()
         buf.high_water[graph_key] = Lc + P + size
         if num_levels > 1:  # level 1 hangs from the root, each next level from the one before

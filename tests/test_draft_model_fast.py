@@ -85,15 +85,23 @@ def test_a_captured_chain_drafts_what_the_level_by_level_chain_drafts(batch, dev
     assert runs[1].stats.tau == runs[0].stats.tau > 1.0
 
 
-def test_forward_chain_equals_forward_level_by_level():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_forward_chain_equals_forward_level_by_level(compiled):
     """StaticAdapter.forward_chain against forward() then K - 1 one-token forward() calls: the same argmax chain,
-    the same pending parents and presence, the same keys written."""
+    the same pending parents and presence, the same keys written; also with the forwards compiled (dynamo's eager
+    backend here) as fast="compile" does."""
+    from specdec.graphs import capture_graph_ref
+    from specdec.static import compiled_capture
+
     model = tiny_model("llama", scale=3.0)
     ids, mask = _prompts(2, "cpu")
     K = 4
     results = []
     for chained in (False, True):
-        ad = StaticAdapter(model, capacity=capacity_for(ids.shape[1], 16, 16), buckets=(1, 2, 4, 8))
+        capture = (compiled_capture(lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0), backend="eager")
+                   if compiled and chained else None)
+        ad = StaticAdapter(model, capacity=capacity_for(ids.shape[1], 16, 16), buckets=(1, 2, 4, 8),
+                           capture=capture)
         _, st = ad.prefill(ids, mask)
         tokens = torch.tensor([[5, 7, 0], [9, 0, 0]])  # pending committed tokens; row 1 holds one
         counts = torch.tensor([2, 1])
