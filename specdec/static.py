@@ -668,16 +668,9 @@ class StaticAdapter:
         M = tokens.shape[1]
         size = bucket_for(M, self.buckets)
         self._check_room(state, size, M)
-        runner = buf.runners.get(size) if size <= self.buckets[-1] else None
-        inputs, all_parents = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner,
-                                                  size)
-        if size > self.buckets[-1]:  # beyond every bucket: eagerly, at its own size
-            logits, feats = self._model_fn(buf.cache)(*inputs)
-        else:
-            if runner is None:
-                runner = buf.runners[size] = self._capture_fn()(self._model_fn(buf.cache), inputs)
-            buf.high_water[size] = state.committed + state.num_pending + size
-            logits, feats = _replay(runner)
+        (logits, feats), all_parents = self._bucket_step(buf, state, size, size, (tokens, parents, positions, present),
+                                                         (), lambda: self._model_fn(buf.cache), self._capture_fn())
+        logits, feats = logits.clone(), tuple(f.clone() for f in feats)  # the next replay overwrites them
         if size > M:
             logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
         return ForwardOutput(logits=logits, features=tuple(feats)), all_parents
@@ -840,23 +833,11 @@ class StaticAdapter:
         size = bucket_for(M, self.buckets)
         state = self._tightened(state, size)
         self._check_room(state, size, M)
-        Lc = state.committed
         self._late_ends(buf, state)  # the captured step moves each row's path to its end
-        graph_key = ("commit", size, M, key, _spec(extra))
-        runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
-        inputs, _ = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner, graph_key)
-        if runner is not None:
-            for static, new in zip(runner.inputs[4:], extra):
-                static.copy_(new)
-            outputs, keep, counts = runner._run()
-        else:
-            step = self._commit_fn(buf, size, M, decide)
-            if size > self.buckets[-1]:
-                outputs, keep, counts = step(*inputs, *extra)
-            else:
-                runner = buf.runners[graph_key] = self._capture_committing(buf, step, (*inputs, *extra))
-                outputs, keep, counts = runner._run()
-        buf.high_water[graph_key] = Lc + size
+        (outputs, keep, counts), _ = self._bucket_step(
+            buf, state, ("commit", size, M, key, _spec(extra)), size, (tokens, parents, positions, present), extra,
+            lambda: self._commit_fn(buf, size, M, decide),
+            lambda step, inputs: self._capture_committing(buf, step, inputs))
         return outputs, self._late_committed(buf, state, keep.shape[1], counts)
 
     @torch.no_grad()
@@ -901,27 +882,15 @@ class StaticAdapter:
         size = bucket_for(M, self.buckets)
         state = self._tightened(state, max(size, M + num_levels - 1))
         self._check_room(state, max(size, M + num_levels - 1), M)
-        P, Lc = state.num_pending, state.committed
-        graph_key = ("chain", size, M, num_levels, vocab_size)
-        runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
-        inputs, all_parents = self._bucket_inputs(buf, state, tokens, parents, positions, present, size, runner,
-                                                  graph_key)
+        P = state.num_pending
         root_index = root_index.long()
-        root_positions = positions.gather(1, root_index[:, None])[:, 0]
-        if runner is not None:
-            runner.inputs[4].copy_(root_index)
-            runner.inputs[5].copy_(root_positions)
-            drafts = runner._run().clone()
-        else:
-            step = self._chain_fn(buf, M, num_levels, vocab_size)
-            if size > self.buckets[-1]:
-                drafts = step(*inputs, root_index, root_positions)
-            else:
-                capture = self._capture_fn()
-                capture = getattr(capture, "capture", capture)  # under compile, _chain_fn compiled the forwards
-                runner = buf.runners[graph_key] = capture(step, (*inputs, root_index, root_positions))
-                drafts = runner._run().clone()
-        buf.high_water[graph_key] = Lc + P + size
+        capture = self._capture_fn()
+        drafts, all_parents = self._bucket_step(
+            buf, state, ("chain", size, M, num_levels, vocab_size), size, (tokens, parents, positions, present),
+            (root_index, positions.gather(1, root_index[:, None])[:, 0]),
+            lambda: self._chain_fn(buf, M, num_levels, vocab_size),
+            getattr(capture, "capture", capture))  # under compile, _chain_fn compiled the forwards
+        drafts = drafts.clone()  # the captured step's own tensor: the next replay overwrites it
         if num_levels > 1:  # level 1 hangs from the root, each next level from the one before
             level_parents = torch.cat([(P + root_index)[:, None], P + M + torch.arange(
                 num_levels - 2, device=tokens.device).expand(B, -1)], 1)
@@ -931,6 +900,25 @@ class StaticAdapter:
                                      torch.ones(B, num_levels - 1, dtype=torch.bool, device=tokens.device)], 1)
         return drafts, state._replace(pending_parents=torch.cat([all_parents[:, :P + M], level_parents], 1),
                                       pending_present=pending_present, ticket=self._issue())
+
+    def _bucket_step(self, buf: _Buffers, state: StaticCacheState, graph_key, size: int, nodes: tuple, extra: tuple,
+                     make_step: Callable[[], Callable], capture: Callable[..., CapturedStep]):
+        """Write a bucket forward's inputs for ``nodes`` (``tokens, parents, positions, present``), then run the
+        step captured under ``graph_key`` on them and ``extra`` (``make_step()`` captured by ``capture`` at its
+        first call; run eagerly past the largest bucket). Returns ``(the step's outputs, all_parents)``."""
+        runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
+        inputs, all_parents = self._bucket_inputs(buf, state, *nodes, size, runner, graph_key)
+        if runner is not None:
+            for static, new in zip(runner.inputs[4:], extra):
+                static.copy_(new)
+            out = runner._run()
+        elif size > self.buckets[-1]:
+            out = make_step()(*inputs, *extra)
+        else:
+            runner = buf.runners[graph_key] = capture(make_step(), (*inputs, *extra))
+            out = runner._run()
+        buf.high_water[graph_key] = state.committed + state.num_pending + size
+        return out, all_parents
 
     def _chain_fn(self, buf: _Buffers, M: int, num_levels: int, vocab: int | None) -> Callable:
         """The function :meth:`forward_chain` captures: the bucket forward, then the greedy one-token levels."""

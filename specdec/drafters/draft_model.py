@@ -237,11 +237,8 @@ class DraftModelDrafter:
 
         # Level 0: run the pending committed tokens (a chain ending in the root).
         P0 = state.pending_tokens.shape[1]
-        ar = torch.arange(P0, device=device)[None, :]
-        present = ar < state.pending_counts[:, None]
-        chain_parents = (ar - 1).expand(B, P0).masked_fill(~present, -1)
-        out, cache = self.adapter.forward(cache, state.pending_tokens, chain_parents, cache.lengths[:, None] + ar,
-                                          present)
+        chain_parents, positions, present = self._pending_chain(state)
+        out, cache = self.adapter.forward(cache, state.pending_tokens, chain_parents, positions, present)
         forwards = 1
         root_slot = state.pending_counts - 1
         node_slots[:, 0] = root_slot
@@ -281,20 +278,24 @@ class DraftModelDrafter:
             draft = draft._replace(scheme=DraftScheme.IID)  # a sampled chain: one child per node
         return draft, state._replace(cache=cache, node_slots=node_slots, num_forwards=state.num_forwards + forwards)
 
+    @staticmethod
+    def _pending_chain(state: DraftModelState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending committed tokens as a chain: ``(parents, positions, present)``, each ``[B, P0]``."""
+        B, P0 = state.pending_tokens.shape
+        ar = torch.arange(P0, device=state.pending_tokens.device)[None, :]
+        present = ar < state.pending_counts[:, None]
+        return (ar - 1).expand(B, P0).masked_fill(~present, -1), state.cache.lengths[:, None] + ar, present
+
     def _propose_chain(self, state: DraftModelState, request: ProposeRequest, tree: Tree
                        ) -> tuple[Draft, DraftModelState]:
         """A greedy chain on the fast path: the pending tokens and K - 1 levels as one captured step."""
         k = request.num_drafts
         B, P0 = state.pending_tokens.shape
         device = request.roots.device
-        ar = torch.arange(P0, device=device)[None, :]
-        present = ar < state.pending_counts[:, None]
-        chain_parents = (ar - 1).expand(B, P0).masked_fill(~present, -1)
+        chain_parents, positions, present = self._pending_chain(state)
         root_slot = state.pending_counts - 1
-        cache = state.cache
-        drafts, cache = self.adapter.forward_chain(cache, state.pending_tokens, chain_parents,
-                                                   cache.lengths[:, None] + ar, present, root_slot, k,
-                                                   request.vocab_size)
+        drafts, cache = self.adapter.forward_chain(state.cache, state.pending_tokens, chain_parents, positions,
+                                                   present, root_slot, k, request.vocab_size)
         node_slots = torch.cat([root_slot[:, None], (P0 + torch.arange(k - 1, device=device)).expand(B, -1),
                                 torch.full((B, 1), -1, dtype=torch.long, device=device)], 1)
         draft = Draft(tokens=drafts, parents=tree.parents[None].expand(B, -1).contiguous(),

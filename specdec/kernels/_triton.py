@@ -28,6 +28,13 @@ def jit(fn: Callable) -> Callable:
     return triton.jit(fn) if triton is not None else fn
 
 
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[R, H]`` (its leading dims flattened) with unit stride along ``H``; a copy only when it is not
+    viewable so."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two ``>= max(n, 1)`` (block sizes must be powers of two)."""
     return 1 << max(int(n) - 1, 0).bit_length()

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import as_rows, jit, next_pow2, tl
 
 __all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref"]
 
@@ -67,12 +67,6 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, H, eps, sx, sr, sh
     tl.store(out_ptr + row * so + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as ``[R, H]`` with unit stride along ``H`` (a copy only when it is not viewable so)."""
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
-
-
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the RMSNorm after it, in one launch on CUDA (:func:`add_rms_norm_ref` elsewhere).
@@ -105,8 +99,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     if not use_kernel("add_rms_norm", *tensors):
         return add_rms_norm_ref(x, residual, weight, eps)
     H = x.shape[-1]
-    x2 = _rows(x)
-    r2 = _rows(residual) if residual is not None else x2
+    x2 = as_rows(x)
+    r2 = as_rows(residual) if residual is not None else x2
     h = torch.empty_like(x2) if residual is not None else x2
     out = torch.empty_like(x2)
     if x2.shape[0]:
@@ -278,7 +272,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if not use_kernel("silu_mul", gate_up):
         return silu_mul_ref(gate_up)
     inter = gate_up.shape[-1] // 2
-    gu = _rows(gate_up)
+    gu = as_rows(gate_up)
     out = torch.empty(gu.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, next_pow2(inter))
     if gu.shape[0]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import as_rows, jit, next_pow2, tl
 
 __all__ = ["GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "linear_rows", "linear_rows_ref", "gemv_config"]
 
@@ -102,9 +102,7 @@ def _check(x, weight, bias) -> tuple[int, int, int]:
 
 def _linear_rows_triton(x, weight, bias, config=None) -> torch.Tensor:
     rows, n, k = _check(x, weight, bias)
-    x2 = x.reshape(rows, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
