@@ -12,8 +12,8 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
   compiled with ``torch.compile(mode="reduce-overhead", fullgraph=True)`` as the anchor does;
 - ``specdec eager plain`` / ``specdec fast plain``: :func:`specdec.generate` without a drafter, ``fast=False/True``;
 - ``specdec fast SpS K=4,6``: the draft model (``DraftModelDrafter(fast=True)``: the draft model on its own static
-  cache, graphed), target on the fast path; each K again with ``capture_chain=True`` (the chain's levels as one
-  captured step, "chain captured"); and the first K once more with the draft model left eager;
+  cache, graphed; the chain as one captured step, ``capture_chain=True``), target on the fast path; each K again
+  with ``capture_chain=False`` ("level by level": one replay per level); and the first K with the draft model eager;
 - ``specdec fast prompt lookup``: ``PromptLookupDrafter(fixed_width=True)`` (no host sync in ``propose``);
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
   parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` when given.
@@ -248,11 +248,11 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
     draft_capacity = capacity_for(args.prompt_tokens, n, 16)
     makers = {"specdec eager plain": (lambda: None, False), "specdec fast plain": (lambda: None, True)}
     for k in args.draft_k if draft is not None else ():
-        makers[f"specdec fast SpS K={k}"] = (
+        makers[f"specdec fast SpS K={k}"] = (  # the chain as one captured step (capture_chain, the default)
             lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity), True)
-        makers[f"specdec fast SpS K={k}, chain captured"] = (
+        makers[f"specdec fast SpS K={k}, level by level"] = (
             lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast=True, capacity=draft_capacity,
-                                          capture_chain=True), True)
+                                          capture_chain=False), True)
     if draft is not None and args.draft_k:  # Part of the story: the same K with the draft model left eager
         k = args.draft_k[0]
         makers[f"specdec fast SpS K={k}, eager draft"] = (lambda k=k: DraftModelDrafter(draft, num_drafts=k), True)
@@ -274,9 +274,9 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
         for k in args.draft_k if draft is not None else ():
             makers[f"specdec fast+compile SpS K={k}"] = (
                 lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast="compile", capacity=draft_capacity), "compile")
-            makers[f"specdec fast+compile SpS K={k}, chain captured"] = (
+            makers[f"specdec fast+compile SpS K={k}, level by level"] = (
                 lambda k=k: DraftModelDrafter(draft, num_drafts=k, fast="compile", capacity=draft_capacity,
-                                              capture_chain=True), "compile")
+                                              capture_chain=False), "compile")
     if args.only:
         makers = {name: v for name, v in makers.items() if any(part in name for part in args.only)}
     methods = {}
@@ -443,14 +443,14 @@ def checks(rows: list[dict]) -> list[str]:
                        f"{e3['speedup_vs_hf']:.1f}x HF vanilla): {'ok' if r >= 1.5 else 'MISS'}")
         for k in (4, 6):
             theirs = by.get(f"gpt-fast SpS K={k}")
-            for suffix in ("", ", chain captured"):
+            for suffix in ("", ", level by level"):
                 ours = by.get(f"specdec {variant} SpS K={k}{suffix}")
                 if ours and theirs:
                     r = ours["tokens_per_s"] / theirs["tokens_per_s"]
                     out.append(f"{variant} SpS K={k}{suffix} / gpt-fast SpS K={k} tokens/s = {r:.2f} (target > 1): "
                                f"{'ok' if r > 1 else 'MISS'}")
     spec = [r for r in by.values() if r["method"].startswith("specdec fast") and "plain" not in r["method"]
-            and "eager draft" not in r["method"]]
+            and "eager draft" not in r["method"] and "level by level" not in r["method"]]  # ablation rows
     gspec = [r["tokens_per_s"] for r in by.values() if r["method"].startswith("gpt-fast SpS")]
     if spec and gspec:
         slow = [r["method"] for r in spec if r["tokens_per_s"] <= max(gspec)]
@@ -555,19 +555,21 @@ def main(argv=None) -> dict:
 
 
 def add_kernel_args(ap) -> None:
-    """``--decode-kernels``: every decode kernel of the fused decoder on for the run (split-key attention and the
-    fused element-wise ops besides the one-row GEMV; :func:`specdec.fused.decode_kernels`)."""
-    ap.add_argument("--decode-kernels", action="store_true",
-                    help="turn on the fused decoder's opt-in decode kernels (attention, element-wise ops)")
+    """``--decode-kernels [all|ops|none]``: the fused decoder's decode kernels for the run (:func:`specdec.fused.
+    decode_kernels`): ``all`` (the flag alone) the split-key attention and the fused element-wise ops, ``ops`` the
+    element-wise ops only, ``none`` neither; without the flag, the library's defaults."""
+    ap.add_argument("--decode-kernels", nargs="?", const="all", default=None, choices=["all", "ops", "none"],
+                    help="the fused decoder's decode kernels: all (attention + element-wise ops), ops, none")
 
 
 def kernels_for(args):
-    """The context a script's run goes in: :func:`specdec.fused.decode_kernels` with ``--decode-kernels``."""
+    """The context a script's run goes in: :func:`specdec.fused.decode_kernels` as ``--decode-kernels`` asks."""
     from specdec.fused import decode_kernels
 
-    if getattr(args, "decode_kernels", False):
-        return decode_kernels(attention=True, fused_ops=True)
-    return contextlib.nullcontext()
+    choice = getattr(args, "decode_kernels", None)
+    if choice is None:
+        return contextlib.nullcontext()
+    return decode_kernels(attention=choice == "all", fused_ops=choice in ("all", "ops"))
 
 
 def run_bench(ap, args) -> dict:

@@ -9,7 +9,8 @@ figure is the step's wall time):
 - ``eager_plain`` / ``fast_plain``: one :func:`specdec.step.step` without drafts, on
   :class:`~specdec.adapter.ModelAdapter` / on :class:`~specdec.static.StaticAdapter` (the fast path);
   ``fast_plain_cublas``: the fast plain step with the one-row linear kernel off; ``fast_plain_attn``: with the
-  split-key attention kernel on; ``fast_plain_kernels``: with every decode kernel on (attention and the fused
+  split-key attention kernel on; ``fast_plain_ops``: with the fused element-wise ops on (attention by SDPA);
+  ``fast_plain_kernels``: with every decode kernel on (attention and the fused
   element-wise ops too; :func:`specdec.fused.decode_kernels`);
 - ``floor``: the bandwidth floor of one vanilla step: (weight bytes + KV bytes of the context) / the copy bandwidth
   measured here (a large device-to-device copy);
@@ -184,8 +185,11 @@ def gptfast_step(path: str, shape: dict, batch: int, context: int, device: str, 
     return run, model
 
 
-def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: str) -> None:
-    """``results[name] = median ms`` of the closure ``make()`` returns, or the error it raised."""
+def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: str, only=None) -> None:
+    """``results[name] = median ms`` of the closure ``make()`` returns, or the error it raised (nothing when
+    ``only`` is given and does not name it)."""
+    if only and name not in only:
+        return
     try:
         fn = make()
         results[name] = round(time_ms(fn, warmup=warmup, reps=reps, device=device), 4)
@@ -198,7 +202,8 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
             torch.cuda.empty_cache()
 
 
-COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn", "fast_plain_kernels",
+COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn", "fast_plain_ops",
+           "fast_plain_kernels",
            "fast_plain_compiled", "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_kernels",
            "fast_spec_compiled"]
 
@@ -228,7 +233,7 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     shape = TINY if args.tiny else LLAMA2_7B
     ids = torch.randint(0, shape["vocab_size"], (batch, args.context), device=device,
                         generator=torch.Generator(device=device).manual_seed(batch))
-    kw = dict(warmup=args.warmup, reps=args.reps, device=device)
+    kw = dict(warmup=args.warmup, reps=args.reps, device=device, only=args.only)
     # Each speculative step commits at most depth + 1 tokens (warm-up runs included).
     capacity = capacity_for(args.context, (args.warmup + args.reps) * (TREE["depth"] + 1), 128)
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
@@ -240,6 +245,9 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     with decode_kernels(attention=True):  # + the split-key attention kernel
         measure(r, "fast_plain_attn", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
                                                            sync=False), **kw)
+    with decode_kernels(fused_ops=True):  # the fused element-wise ops alone (SDPA's attention)
+        measure(r, "fast_plain_ops", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
+                                                          sync=False), **kw)
     with decode_kernels(attention=True, fused_ops=True):  # + the fused element-wise ops: every decode kernel
         measure(r, "fast_plain_kernels", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
                                                               sync=False), **kw)
@@ -283,6 +291,8 @@ def main(argv=None):
                         help="time gpt-fast at these batch sizes only (default: every one of --batches)")
     parser.add_argument("--compile-batches", type=int, nargs="+", default=None,
                         help="with --compile, compile at these batch sizes only (default: every one of --batches)")
+    parser.add_argument("--only", nargs="+", choices=[c for c in COLUMNS if c != "floor"], default=None,
+                        help="time these rows only (default: every row)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
     parser.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = parser.parse_args(argv)

@@ -190,7 +190,7 @@ def run_rounds(args) -> dict:
     prompts = bench_fast.load_prompts(args.data, tokenizer, args.num_prompts, args.prompt_tokens, "cuda")
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "prompts": len(prompts), "mode": args.mode,
-                    "decode_kernels": bool(args.decode_kernels),
+                    "decode_kernels": args.decode_kernels or "defaults",
                     "first_pass_s": {}, "profiles": {}}
     runs = {f"specdec plain ({args.mode})": bench_fast.specdec_run(target, None, n, fast=fast)}
     if args.eagle3:

@@ -611,6 +611,9 @@ class StaticAdapter:
                 static.values[:, :, :T].copy_(layer.values)
             valid, lengths = dyn.committed_valid, dyn.lengths
         buf.valid[:, :T].copy_(valid)
+        # Held buffers carry the last run's marks past T: late commits rely on every slot past a row's end being
+        # invalid (a row behind the longest one would see the old run's keys), so clear them.
+        buf.valid[:, T:].fill_(False)
         buf.plain.at = None  # the committed slots changed: the plain mask row is rebuilt at the next plain step
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
         return out, StaticCacheState(valid=buf.valid, committed=T, lengths=lengths, pending_parents=empty,

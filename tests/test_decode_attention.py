@@ -78,28 +78,30 @@ def test_bad_inputs_are_named_and_the_split_is_bounded():
 
 
 @needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_fused_decoder_attends_one_token_with_the_kernel_as_with_sdpa(batch):
-    model = tiny_model("llama")  # grouped-query attention (4 query heads, 2 key/value heads)
+def test_the_fused_decoder_attends_one_token_with_the_kernel_as_with_sdpa(batch, device):
+    model = tiny_model("llama").to(device)  # grouped-query attention (4 query heads, 2 key/value heads)
     config = model.config
     assert config.num_key_value_heads < config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     S = 40
     shapes = [((batch, config.num_key_value_heads, S, head_dim), torch.float32)] * config.num_hidden_layers
     g = torch.Generator().manual_seed(7)
-    prefix = torch.randint(0, VOCAB, (batch, 20), generator=g)
-    tokens = torch.randint(0, VOCAB, (batch, 1), generator=g)
-    mask = torch.zeros(batch, 1, 1, S)
+    prefix = torch.randint(0, VOCAB, (batch, 20), generator=g).to(device)
+    tokens = torch.randint(0, VOCAB, (batch, 1), generator=g).to(device)
+    mask = torch.zeros(batch, 1, 1, S, device=device)
     mask[..., 21:] = torch.finfo(torch.float32).min
     outs = []
     for attention, mode in ((False, "auto"), (True, "triton")):
         with decode_kernels(attention=attention, gemv_rows=0, fused_ops=False):
             dec = FusedDecoder(model, max_positions=64)
         assert dec.decode_attention is attention and dec.gemv_rows == 0
-        cache = slot_cache(shapes, torch.device("cpu"))
+        cache = slot_cache(shapes, torch.device(device))
         dec.prefill(prefix, torch.ones_like(prefix, dtype=torch.bool), cache.layers, all_valid=True)
         with kernel_mode(mode):
-            outs.append(dec(tokens, torch.full((batch, 1), 20), mask, torch.tensor([20]), cache.layers, (1,)))
+            outs.append(dec(tokens, torch.full((batch, 1), 20, device=device), mask,
+                            torch.tensor([20], device=device), cache.layers, (1,)))
     torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[1][1][0], outs[0][1][0], atol=1e-5, rtol=1e-5)
 
@@ -112,6 +114,7 @@ def test_decode_kernels_restores_the_defaults_and_names_bad_values():
     after = FusedDecoder(model, max_positions=8)
     assert (inside.gemv_rows, inside.decode_attention) == (0, False)
     assert (after.gemv_rows, after.decode_attention) == (before.gemv_rows, before.decode_attention) == (1, False)
+    assert before.fused_ops is after.fused_ops is True  # the measured defaults: fused ops on, split-key attention off
     with pytest.raises(ValueError, match="gemv_rows must be an int >= 0"):
         with decode_kernels(gemv_rows=-1):
             pass

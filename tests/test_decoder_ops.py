@@ -102,29 +102,31 @@ def test_bad_inputs_are_named():
 
 
 @needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("M", [1, 5])
-def test_the_fused_decoder_on_every_kernel_equals_it_on_torch_ops(M):
+def test_the_fused_decoder_on_every_kernel_equals_it_on_torch_ops(M, device):
     """Prefill, then a forward of M tokens (one per row: the decode step; five: a tree), with every kernel forced
     (interpreted on CPU) against the same decoder on the torch references."""
-    model = tiny_model("llama")
+    model = tiny_model("llama").to(device)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     B, T, S = 2, 12, 24
     shapes = [((B, config.num_key_value_heads, S, head_dim), torch.float32)] * config.num_hidden_layers
     g = torch.Generator().manual_seed(11)
-    prefix, tokens = torch.randint(0, VOCAB, (B, T), generator=g), torch.randint(0, VOCAB, (B, M), generator=g)
-    positions = T + torch.arange(M)[None].expand(B, M)
-    mask = torch.full((B, 1, M, S), torch.finfo(torch.float32).min)
+    prefix = torch.randint(0, VOCAB, (B, T), generator=g).to(device)
+    tokens = torch.randint(0, VOCAB, (B, M), generator=g).to(device)
+    positions = T + torch.arange(M, device=device)[None].expand(B, M)
+    mask = torch.full((B, 1, M, S), torch.finfo(torch.float32).min, device=device)
     mask[..., :T] = 0.0
     for j in range(M):
         mask[:, :, j, T + j] = 0.0
     outs = []
     for mode in ("torch", "triton"):
         dec = FusedDecoder(model, max_positions=64, decode_attention=True, fused_ops=True)
-        cache = slot_cache(shapes, torch.device("cpu"))
+        cache = slot_cache(shapes, torch.device(device))
         with kernel_mode(mode):
             dec.prefill(prefix, torch.ones_like(prefix, dtype=torch.bool), cache.layers, all_valid=True)
-            logits, feats = dec(tokens, positions, mask, T + torch.arange(M), cache.layers, (0, 1, 2))
+            logits, feats = dec(tokens, positions, mask, T + torch.arange(M, device=device), cache.layers, (0, 1, 2))
         outs.append((logits, feats, cache.layers[1].keys.clone()))
     torch.testing.assert_close(outs[1][0], outs[0][0], atol=2e-5, rtol=1e-4)
     for mine, ref in zip(outs[1][1], outs[0][1]):
@@ -161,33 +163,34 @@ def test_a_held_static_store_takes_new_decode_settings_and_captures_again():
     first.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
     store = first._store
     held = store.buffers
-    assert store.fused.settings["fused_ops"] is False
-    with decode_kernels(fused_ops=True, attention=True):
+    assert store.fused.settings == {"gemv_rows": 1, "decode_attention": False, "fused_ops": True}
+    with decode_kernels(fused_ops=False, attention=True):
         second = StaticAdapter(model, capacity=first.capacity)
         second._store = store  # as target_adapter() hands the held store to the next call's adapter
         second.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
-    assert store.fused.settings == {"gemv_rows": 1, "decode_attention": True, "fused_ops": True}
+    assert store.fused.settings == {"gemv_rows": 1, "decode_attention": True, "fused_ops": False}
     assert store.buffers is not held  # new buffers: no graph captured with the old kernels replays
     third = StaticAdapter(model, capacity=first.capacity)
     third._store = store
     third.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
-    assert store.fused.settings["fused_ops"] is False
+    assert store.fused.settings == {"gemv_rows": 1, "decode_attention": False, "fused_ops": True}
 
 
 @needs_kernel
-def test_a_one_token_prompt_with_padding_rows_prefills_on_the_kernels():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_one_token_prompt_with_padding_rows_prefills_on_the_kernels(device):
     """A prefill of one token per row with a mask over its T = 1 slots (not the cache's S) takes the decode
     attention path: the keys are cut to the prompt first."""
-    model = tiny_model("llama")
+    model = tiny_model("llama").to(device)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     shapes = [((2, config.num_key_value_heads, 8, head_dim), torch.float32)] * config.num_hidden_layers
-    tokens = torch.tensor([[3], [5]])
-    valid = torch.tensor([[True], [False]])  # a padding row: the mask path (not all_valid)
+    tokens = torch.tensor([[3], [5]], device=device)
+    valid = torch.tensor([[True], [False]], device=device)  # a padding row: the mask path (not all_valid)
     outs = []
     for mode in ("torch", "triton"):
         dec = FusedDecoder(model, max_positions=16, decode_attention=True, fused_ops=True)
-        cache = slot_cache(shapes, torch.device("cpu"))
+        cache = slot_cache(shapes, torch.device(device))
         with kernel_mode(mode):
             outs.append(dec.prefill(tokens, valid, cache.layers)[0])
     torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import copy
 import random
+import sys
 import warnings
 
 import pytest
@@ -377,6 +378,48 @@ def test_sampled_law_through_the_captured_fast_path_equals_the_enumerated_target
         counts[row] = counts.get(row, 0) + 1
     fit = chi_square_test(counts, law_test._exact_law(law_test.TARGET, params))
     assert fit.p_value > law_test.ALPHA, f"{drafter_name} through the fast path: {fit}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_model_tree", "draft_model_chain", "eagle2"])
+def test_later_calls_on_held_buffers_give_the_eager_tokens(name, batch, device, monkeypatch):
+    """On CUDA generate(fast=True) keeps the target's static buffers between calls (on CPU this test holds them the
+    same way, and lets the ends' copy to the host arrive late, as it does on a GPU): a later call must see nothing
+    of the earlier ones. Found in session 11: slots past a row's end (a row behind the longest one, or any row while
+    ``Lc`` is still the late commits' upper bound) kept the previous call's valid marks: stale keys attended."""
+    import specdec.graphs as graphs
+    import specdec.static as static
+
+    model = tiny_model("llama", scale=3.0).to(device)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (batch, 12), generator=g)
+    mask = torch.ones(batch, 12, dtype=torch.long)
+    mask[1:2, :3], mask[2:3, :6] = 0, 0  # rows of 12, 9 and 6 tokens
+    ids, mask = ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
+    if device == "cpu":  # hold one store per feature layers, as target_adapter does on CUDA
+        stores, make = {}, static.target_adapter
+
+        def late(bound, mark, *, wait=False):  # the copy of the ends has not arrived unless waited for
+            return (bound, mark) if mark is not None and not wait else graphs.settle_bound(bound, mark, wait=wait)
+        monkeypatch.setattr(static, "settle_bound", late)
+
+        def held(model, feature_layers, **kw):
+            adapter = make(model, feature_layers, **kw)
+            if isinstance(adapter, StaticAdapter):
+                adapter._store = stores.setdefault(tuple(feature_layers), adapter._store)
+            return adapter
+        monkeypatch.setattr(sys.modules["specdec.generate"], "target_adapter", held)
+    drafter = (DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=4) if name == "draft_model_chain"
+               else _drafter(name, model))
+    eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=20, eos_token_id=[])
+    plain = generate(model, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(eager.sequences, plain.sequences)
+    for _ in range(3):  # plain first (its own buffers), then the drafter's calls on the same held buffers
+        fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=20, eos_token_id=[],
+                        fast=True)
+        assert torch.equal(fast.sequences, eager.sequences)
+        assert fast.stats.num_target_forwards == eager.stats.num_target_forwards
 
 
 @pytest.mark.gpu

@@ -102,7 +102,8 @@ class DraftModelDrafter:
         capture_chain: with ``fast``, a greedy chain (no ``tree``, ``topk`` mode) drafts its K tokens in one
             captured step (:meth:`~specdec.static.StaticAdapter.forward_chain`: the pending tokens' forward and
             K - 1 one-token forwards with their argmaxes) instead of one replay per level with host work between.
-            Same drafts. Off by default until measured on a GPU.
+            Same drafts. On by default (H200, session 11: SpS on the fixture 870 -> 1316 tok/s at K = 4,
+            885 -> 1702 at K = 6); ``False`` drafts level by level.
         capacity: with ``fast=True``, cache slots per row (``Lmax``; attention spans all of them every forward):
             at least prompt + new tokens + the widest forward + 1, e.g.
             ``capacity_for(prompt_len, max_new_tokens, 16)``. ``None``: the draft model's
@@ -115,7 +116,7 @@ class DraftModelDrafter:
 
     def __init__(self, model, num_drafts: int | None = None, tree: Tree | list | str | None = None,
                  mode: str = "auto", *, fast: bool | str = False, capacity: int | None = None,
-                 capture_chain: bool = False):
+                 capture_chain: bool = True):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         if tree is not None and not isinstance(tree, Tree):
