@@ -167,6 +167,7 @@ def main(argv=None) -> dict:
     bench_fast.add_fixture_args(ap, num_prompts=6)
     ap.add_argument("--mode", default="compile", choices=["graphs", "compile"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-plain", action="store_true", help="leave specdec's plain decoding out (saves its compile)")
     ap.add_argument("--profile", action="store_true", help="kernel profiles (plain replay, EAGLE-3 step, gpt-fast)")
     ap.add_argument("--out", default="runs/rounds")
     bench_fast.add_kernel_args(ap)
@@ -192,7 +193,7 @@ def run_rounds(args) -> dict:
                     "transformers": transformers.__version__, "prompts": len(prompts), "mode": args.mode,
                     "decode_kernels": args.decode_kernels or "defaults",
                     "first_pass_s": {}, "profiles": {}}
-    runs = {f"specdec plain ({args.mode})": bench_fast.specdec_run(target, None, n, fast=fast)}
+    runs = {} if args.no_plain else {f"specdec plain ({args.mode})": bench_fast.specdec_run(target, None, n, fast=fast)}
     if args.eagle3:
         head = sd.formats.load_eagle_head(args.eagle3, target, dtype=dtype, device="cuda")
         runs[f"specdec EAGLE-3 ({args.mode})"] = bench_fast.specdec_run(target, sd.recipes.eagle3(head), n, fast=fast)

@@ -38,6 +38,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..kernels.topk import topk_rows
 from ..sampling import RandomSource
 from ..types import Draft, DraftScheme, SamplingParams
 
@@ -127,7 +128,7 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
     eye = torch.eye(k, dtype=torch.bool, device=device)[None].expand(B, k, k)
 
     logp = torch.log_softmax(root_logits.float(), dim=-1)
-    scores, ids = logp.topk(k, dim=-1)
+    scores, ids = topk_rows(logp, k)  # ties by ascending id, as the reference's (-score, index) order
     tokens = to_target(ids)
     all_scores, all_tokens = [scores], [tokens]
     all_parents = [torch.full((B, k), -1, dtype=torch.long, device=device)]
@@ -140,7 +141,7 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
     for level in range(1, depth):
         logits, hidden = expand(frontier_tokens, parent_hidden, visible, level)
         # clamp: a rounding-positive log-prob would let a child outscore its parent
-        child_lp, child_ids = torch.log_softmax(logits.float(), dim=-1).clamp(max=0.0).topk(k, dim=-1)
+        child_lp, child_ids = topk_rows(torch.log_softmax(logits.float(), dim=-1).clamp(max=0.0), k)
         cum = (frontier_scores[..., None] + child_lp).flatten(1)  # [B, k*k]; flat j = (parent j // k, rank j % k)
         child_tokens = to_target(child_ids).flatten(1)
         all_scores.append(cum)
@@ -148,7 +149,7 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
         all_parents.append(frontier_ids.repeat_interleave(k, dim=1))
         level_of.append(torch.full((k * k,), level + 1, dtype=torch.long, device=device))
         if level + 1 < depth:
-            best = torch.sort(cum, dim=1, descending=True, stable=True).indices[:, :k]
+            best = topk_rows(cum, k)[1]  # = a stable descending sort's first k
             slot = best // k
             frontier_scores = cum.gather(1, best)
             frontier_tokens = child_tokens.gather(1, best)

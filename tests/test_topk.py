@@ -1,0 +1,96 @@
+"""topk_rows (the dynamic tree's per-level top-k) against its reference, a stable descending sort."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.kernels import TOPK_MAX_N, interpreter_enabled, kernel_mode, topk_rows, topk_rows_ref, triton_available
+from specdec.trees import grow_dynamic_tree, grow_dynamic_tree_ref
+
+DEVICES = (["cpu"] if interpreter_enabled() else []) + (["cuda"] if torch.cuda.is_available() else [])
+needs_kernel = pytest.mark.skipif(not DEVICES or not triton_available(), reason="needs triton on CUDA or interpreted")
+
+
+def _rows(shape, seed, device, dtype=torch.float32, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    if ties:  # few distinct values: many ties, broken by ascending index
+        x = (x * 2).round() / 2
+    return x.to(device=device, dtype=dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,k", [((10, 4096), 10), ((1, 4096), 10), ((3, 100), 10), ((2, 5, 37), 7),
+                                     ((4, 1000), 32), ((6, 3), 3)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_kernel_equals_a_stable_descending_sort(device, shape, k, ties):
+    x = _rows(shape, seed=shape[-1] + k, device=device, ties=ties)
+    with kernel_mode("triton"):
+        values, indices = topk_rows(x, k)
+    ref_values, ref_indices = topk_rows_ref(x, k)
+    assert values.shape == indices.shape == (*shape[:-1], k) and indices.dtype == torch.long
+    assert torch.equal(indices, ref_indices)
+    assert torch.equal(values, ref_values) and torch.equal(values, x.gather(-1, indices))
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_minus_infinity_comes_last_and_every_index_is_taken_once(device):
+    """Rows with fewer finite entries than k (masked log-probs): -inf entries follow by ascending index, none twice."""
+    x = torch.full((2, 9), float("-inf"), device=device)
+    x[0, 4], x[0, 1], x[1, 7] = 0.5, 2.0, -1.0
+    with kernel_mode("triton"):
+        values, indices = topk_rows(x, 5)
+    assert indices.tolist() == [[1, 4, 0, 2, 3], [7, 0, 1, 2, 3]]
+    assert torch.equal(values, topk_rows_ref(x, 5)[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="the GPU kernel")
+def test_bf16_on_the_gpu_and_inside_torch_compile():
+    x = _rows((10, 4096), seed=1, device="cuda", dtype=torch.bfloat16)
+    values, indices = topk_rows(x, 10)
+    assert values.dtype == torch.bfloat16 and torch.equal(indices, topk_rows_ref(x, 10)[1])
+    compiled = torch.compile(lambda t: topk_rows(torch.log_softmax(t.float(), -1), 10), fullgraph=True)
+    cv, ci = compiled(x)
+    rv, ri = topk_rows_ref(torch.log_softmax(x.float(), -1), 10)
+    assert torch.equal(ci, ri)
+    torch.testing.assert_close(cv, rv)
+
+
+def test_long_rows_large_k_and_bad_inputs():
+    x = torch.randn(2, TOPK_MAX_N + 1)
+    assert torch.equal(topk_rows(x, 3)[1], topk_rows_ref(x, 3)[1])  # past the kernel's reach: the reference
+    assert torch.equal(topk_rows(x[:, :50], 40)[1], topk_rows_ref(x[:, :50], 40)[1])
+    with pytest.raises(ValueError, match="k must be between 1 and the row length"):
+        topk_rows(x[:, :4], 5)
+    with pytest.raises(ValueError, match="floating point"):
+        topk_rows(torch.arange(6).view(2, 3), 2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties):
+    """grow_dynamic_tree with every top-k on the kernel against the same code on the reference (coarse logits:
+    ties); without ties, both against the per-row reference of the paper's steps."""
+    B, V, H = 2, 40, 8
+    g = torch.Generator().manual_seed(5)
+    table, root = torch.randn(V, V, generator=g), torch.randn(B, V, generator=g)
+    if ties:
+        table, root = (table * 2).round() / 2, (root * 2).round() / 2
+    table, root = table.to(device), root.to(device)
+
+    def expand(tokens, hidden, visible, level):
+        return table[tokens % V] + level * 0.5, hidden
+
+    hidden = torch.zeros(B, H, device=device)
+    trees = []
+    for mode in ("triton", "torch"):
+        with kernel_mode(mode):
+            trees.append(grow_dynamic_tree(root, hidden, expand, depth=4, top_k=3, total_tokens=12))
+    if not ties:
+        trees.append(grow_dynamic_tree_ref(root, hidden, expand, depth=4, top_k=3, total_tokens=12))
+    for other in trees[1:]:
+        assert torch.equal(trees[0].tokens, other.tokens) and torch.equal(trees[0].parents, other.parents)
+        assert torch.equal(trees[0].depths, other.depths)
