@@ -94,3 +94,20 @@ def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties)
     for other in trees[1:]:
         assert torch.equal(trees[0].tokens, other.tokens) and torch.equal(trees[0].parents, other.parents)
         assert torch.equal(trees[0].depths, other.depths)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_custom_op_traces_under_torch_compile(device):
+    """torch.ops.specdec.topk_rows (what topk_rows calls on CUDA, also inside generate(fast="compile")): its fake
+    gives the shapes dynamo and AOT autograd trace with, and the compiled function returns the kernel's result."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = _rows((3, 2, 50), seed=9, device=device)
+    fn = torch.compile(lambda t: torch.ops.specdec.topk_rows(torch.log_softmax(t, -1), 5), backend="aot_eager",
+                       fullgraph=True)
+    values, indices = fn(x)
+    ref_values, ref_indices = topk_rows_ref(torch.log_softmax(x, -1), 5)
+    assert values.shape == (3, 2, 5) and torch.equal(indices, ref_indices)
+    torch.testing.assert_close(values, ref_values)
