@@ -1043,11 +1043,13 @@ class StaticAdapter:
     def _tightened(state: StaticCacheState, size: int) -> StaticCacheState:
         """``state`` with ``Lc`` lowered from its mark once the copy of the ends has arrived
         (:func:`~specdec.graphs.settle_bound`: the longest row then plus what ``Lc`` grew by since); no host sync,
-        unless the bucket would not fit otherwise: then the copy is waited for."""
-        if state.mark is None:
-            return state
-        committed, mark = settle_bound(state.committed, state.mark,
-                                       wait=state.committed + size > state.valid.shape[1])
+        unless the bucket would not fit under the bound: then the rows' true ends are read (one sync), since a
+        settled old mark is still loose by every commit's width since it was taken."""
+        if (state.mark is None and state.ends is None) or state.num_pending:
+            return state  # nothing to lower, or pending slots already written after Lc: it must stay put
+        if state.committed + size > state.valid.shape[1] and state.ends is not None:
+            return state._replace(committed=min(state.committed, int(state.ends.max())), mark=None)
+        committed, mark = settle_bound(state.committed, state.mark)
         return state._replace(committed=committed, mark=mark)
 
     #: :meth:`commit` takes ``late=True`` (:func:`specdec.step.step` with ``sync=False`` then commits without a

@@ -421,3 +421,23 @@ def test_the_cache_bound_is_retightened_without_a_host_sync():
         marks += state.mark is not None
         assert true <= state.bound <= true + 3 * (3 + 1)  # at most ~resync_every + 1 updates of width K + 1 ahead
     assert marks > 0
+
+
+def test_a_loose_bound_reads_the_true_lengths_before_growing_the_cache():
+    """The host bound of the rows' lengths only grows between re-tightenings (each update adds its full width); on
+    a GPU the copy that re-tightens it may lag. Before growing the cache (new graphs for a graphed drafter), the
+    drafter reads the true lengths (one sync) and keeps its cache when they fit (session 11)."""
+    from specdec.drafters.eagle import EagleState
+
+    model = tiny_model("llama")
+    head = Eagle1Head.from_target(model)
+    drafter = eagle2(head, total_tokens=10, depth=3, top_k=3)
+    drafter = getattr(drafter, "drafter", drafter)  # the EagleDrafter inside a graphed recipe
+    scratch = drafter._scratch
+    cache = head.new_cache(2, 64 + scratch, "cpu")
+    hidden = torch.zeros(2, head.config.hidden_size)
+    state = EagleState(cache, torch.tensor([20, 30]), 70, hidden, 0, 0, None)
+    kept = drafter._ensure_capacity(state, 4)
+    assert kept.cache is cache and kept.bound == 30
+    grown = drafter._ensure_capacity(state._replace(lengths=torch.tensor([20, 62])), 4)
+    assert grown.cache is not cache and grown.cache.capacity >= 62 + 4 + scratch + 1

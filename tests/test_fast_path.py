@@ -422,6 +422,24 @@ def test_later_calls_on_held_buffers_give_the_eager_tokens(name, batch, device, 
         assert fast.stats.num_target_forwards == eager.stats.num_target_forwards
 
 
+def test_a_late_bound_whose_copy_lags_never_fills_the_cache(monkeypatch):
+    """Late commits let Lc run ahead of the rows' ends until a copy of the ends reaches the host. If that copy lags
+    (as it can on a GPU) the bound grows by each step's width; when a bucket no longer fits under it, the step must
+    read the true ends (one sync), not raise CapacityError for a cache the run fits in (found in session 11)."""
+    import specdec.graphs as graphs
+    import specdec.static as static
+
+    def late(bound, mark, *, wait=False):  # the copy never arrives unless waited for
+        return (bound, mark) if mark is not None and not wait else graphs.settle_bound(bound, mark, wait=wait)
+    monkeypatch.setattr(static, "settle_bound", late)
+    model = tiny_model("llama", scale=3.0)
+    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    drafter = DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=6)
+    plain = generate(model, ids, max_new_tokens=120, eos_token_id=[])
+    fast = generate(model, ids, drafter=drafter, max_new_tokens=120, eos_token_id=[], fast=True)
+    assert torch.equal(fast.sequences, plain.sequences) and fast.stats.tau > 1.0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():

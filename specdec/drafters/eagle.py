@@ -135,6 +135,12 @@ class EagleDrafter:
         need = state.bound + width + self._scratch + 1
         if need <= state.cache.capacity:
             return state
+        exact = int(state.lengths.max())  # a settled old mark is still loose by every update since: read (one sync)
+        if exact < state.bound:
+            state = state._replace(bound=exact, mark=None, since_resync=0)
+            need = exact + width + self._scratch + 1
+            if need <= state.cache.capacity:
+                return state
         old = state.cache
         new = self.head.new_cache(old.keys.shape[1], _round_up(max(need, 2 * old.capacity)), old.keys.device,
                                   old.keys.dtype)
