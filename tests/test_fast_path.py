@@ -380,6 +380,16 @@ def test_sampled_law_through_the_captured_fast_path_equals_the_enumerated_target
     assert fit.p_value > law_test.ALPHA, f"{drafter_name} through the fast path: {fit}"
 
 
+def _ends_arrive_late(monkeypatch) -> None:
+    """Make the static adapter's copies of the rows' ends reach the host only when waited for (as a busy GPU can)."""
+    import specdec.graphs as graphs
+    import specdec.static as static
+
+    def late(bound, mark, *, wait=False):
+        return (bound, mark) if mark is not None and not wait else graphs.settle_bound(bound, mark, wait=wait)
+    monkeypatch.setattr(static, "settle_bound", late)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_model_tree", "draft_model_chain", "eagle2"])
@@ -388,7 +398,6 @@ def test_later_calls_on_held_buffers_give_the_eager_tokens(name, batch, device, 
     same way, and lets the ends' copy to the host arrive late, as it does on a GPU): a later call must see nothing
     of the earlier ones. Found in session 11: slots past a row's end (a row behind the longest one, or any row while
     ``Lc`` is still the late commits' upper bound) kept the previous call's valid marks: stale keys attended."""
-    import specdec.graphs as graphs
     import specdec.static as static
 
     model = tiny_model("llama", scale=3.0).to(device)
@@ -399,10 +408,7 @@ def test_later_calls_on_held_buffers_give_the_eager_tokens(name, batch, device, 
     ids, mask = ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
     if device == "cpu":  # hold one store per feature layers, as target_adapter does on CUDA
         stores, make = {}, static.target_adapter
-
-        def late(bound, mark, *, wait=False):  # the copy of the ends has not arrived unless waited for
-            return (bound, mark) if mark is not None and not wait else graphs.settle_bound(bound, mark, wait=wait)
-        monkeypatch.setattr(static, "settle_bound", late)
+        _ends_arrive_late(monkeypatch)
 
         def held(model, feature_layers, **kw):
             adapter = make(model, feature_layers, **kw)
@@ -426,12 +432,7 @@ def test_a_late_bound_whose_copy_lags_never_fills_the_cache(monkeypatch):
     """Late commits let Lc run ahead of the rows' ends until a copy of the ends reaches the host. If that copy lags
     (as it can on a GPU) the bound grows by each step's width; when a bucket no longer fits under it, the step must
     read the true ends (one sync), not raise CapacityError for a cache the run fits in (found in session 11)."""
-    import specdec.graphs as graphs
-    import specdec.static as static
-
-    def late(bound, mark, *, wait=False):  # the copy never arrives unless waited for
-        return (bound, mark) if mark is not None and not wait else graphs.settle_bound(bound, mark, wait=wait)
-    monkeypatch.setattr(static, "settle_bound", late)
+    _ends_arrive_late(monkeypatch)
     model = tiny_model("llama", scale=3.0)
     ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
     drafter = DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=6)
