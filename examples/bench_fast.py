@@ -557,19 +557,26 @@ def main(argv=None) -> dict:
 def add_kernel_args(ap) -> None:
     """``--decode-kernels [all|ops|none]``: the fused decoder's decode kernels for the run (:func:`specdec.fused.
     decode_kernels`): ``all`` (the flag alone) the split-key attention and the fused element-wise ops, ``ops`` the
-    element-wise ops only, ``none`` neither; without the flag, the library's defaults."""
+    element-wise ops only, ``none`` neither; without the flag, the library's defaults. ``--tree-attention on|off``:
+    forwards of a few tokens under a mask (verification, the EAGLE heads' levels) on
+    :func:`specdec.kernels.tree_attention` or SDPA; without it, the library's default."""
     ap.add_argument("--decode-kernels", nargs="?", const="all", default=None, choices=["all", "ops", "none"],
                     help="the fused decoder's decode kernels: all (attention + element-wise ops), ops, none")
+    ap.add_argument("--tree-attention", default=None, choices=["on", "off"],
+                    help="tree verification and EAGLE levels on the tree-attention kernel (on) or SDPA (off)")
 
 
 def kernels_for(args):
     """The context a script's run goes in: :func:`specdec.fused.decode_kernels` as ``--decode-kernels`` asks."""
     from specdec.fused import decode_kernels
 
-    choice = getattr(args, "decode_kernels", None)
-    if choice is None:
+    choice, tree = getattr(args, "decode_kernels", None), getattr(args, "tree_attention", None)
+    if choice is None and tree is None:
         return contextlib.nullcontext()
-    return decode_kernels(attention=choice == "all", fused_ops=choice in ("all", "ops"))
+    settings = {} if choice is None else dict(attention=choice == "all", fused_ops=choice in ("all", "ops"))
+    if tree is not None:
+        settings["tree_attention"] = tree == "on"
+    return decode_kernels(**settings)
 
 
 def run_bench(ap, args) -> dict:

@@ -192,6 +192,7 @@ def run_rounds(args) -> dict:
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "prompts": len(prompts), "mode": args.mode,
                     "decode_kernels": args.decode_kernels or "defaults",
+                    "tree_attention": args.tree_attention or "default",
                     "first_pass_s": {}, "profiles": {}}
     runs = {} if args.no_plain else {f"specdec plain ({args.mode})": bench_fast.specdec_run(target, None, n, fast=fast)}
     if args.eagle3:

@@ -21,6 +21,9 @@ Bytes counted (reads + writes of the data the op needs, at the dtypes used here)
   ``B * V * 12`` (+ gathers).
 - ``compact_kv`` (copy): every layer's keys and values, ``Lc + A`` slots read and written; (inplace): ``A`` slots.
 - ``parallel_draft_inputs``: features read, hidden states written (bf16).
+- ``tree_attention``: one layer's keys and values (``B * 4 h_kv * S * d`` bf16 each), the queries and the output,
+  the mask (``B * M * S`` bf16). Compared within 0.02 (bf16 rounding of the probabilities), not exactly.
+- ``topk_rows``: the ``[10 B, V]`` float32 rows.
 
 Examples::
 
@@ -77,6 +80,7 @@ class Case(NamedTuple):
     run: Callable[[], object]
     bytes: int
     note: str
+    atol: float = 0.0  # 0: the kernel must equal the reference exactly; else within this (float rounding)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -209,6 +213,23 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
                         lambda a=(tokens, features, num_valid, nxt, start, mask_hidden), k=k: K.parallel_draft_inputs(
                             *a, num_drafts=k, mask_token_id=1001),
                         batch * (width + width + k - 1) * shapes.hidden * 2, f"T={width}, K={k}, H={shapes.hidden}"))
+        # tree_attention: the verify forward's attention, one layer: 61 nodes (a bucket of 64) over the cache
+        heads, slots, m = shapes.kv_heads * 4, -(-(shapes.prefix + 64) // 64) * 64, 64
+        q = torch.randn(batch, heads, m, shapes.head_dim, generator=gd, device=device, dtype=torch.bfloat16)
+        kv = [torch.randn(batch, heads, slots, shapes.head_dim, generator=gd, device=device, dtype=torch.bfloat16)
+              for _ in range(2)]
+        seen = torch.ones(batch, 1, m, slots, dtype=torch.bool, device=device)
+        seen[..., shapes.prefix:] = False
+        seen[..., shapes.prefix:shapes.prefix + m] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+        amask = torch.zeros(seen.shape, dtype=torch.bfloat16, device=device).masked_fill_(~seen, -3e38)
+        out.append(Case("tree_attention", batch, None, lambda a=(q, *kv, amask): K.tree_attention(*a),
+                        2 * kv[0].numel() * 2 + 2 * q.numel() * 2 + amask.numel() * 2,
+                        f"{heads} heads x {shapes.head_dim}, M={m}, S={slots}, bf16", atol=2e-2))
+        # topk_rows: a dynamic tree's level, k = 10 children of 10 frontier nodes per row
+        for vocab in shapes.vocabs:
+            logp = torch.randn(batch * 10, vocab, generator=gd, device=device)
+            out.append(Case("topk_rows", batch, vocab, lambda x=logp: K.topk_rows(x, 10), logp.numel() * 4,
+                            f"[{batch * 10}, {vocab}] fp32, k=10"))
     return out
 
 
@@ -246,10 +267,15 @@ def _flat(result) -> list[torch.Tensor]:
     return [t for item in result for t in _flat(item)]
 
 
-def same(a, b) -> bool:
-    """Equal outputs (tensors compared exactly, lists and tuples element by element)."""
+def same(a, b, atol: float = 0.0) -> bool:
+    """Equal outputs (tensors compared exactly, or within ``atol``; lists and tuples element by element)."""
     fa, fb = _flat(a), _flat(b)
-    return len(fa) == len(fb) and all(x.shape == y.shape and torch.equal(x.cpu(), y.cpu()) for x, y in zip(fa, fb))
+
+    def close(x, y):
+        if not atol:
+            return torch.equal(x.cpu(), y.cpu())
+        return bool(((x.float() - y.float()).abs() <= atol).all())
+    return len(fa) == len(fb) and all(x.shape == y.shape and close(x, y) for x, y in zip(fa, fb))
 
 
 def run(shapes: Shapes, device: torch.device, reps: int, warmup: int, peak_tbps: float, progress: bool = True,
@@ -269,7 +295,7 @@ def run(shapes: Shapes, device: torch.device, reps: int, warmup: int, peak_tbps:
         if kernels_run:
             with K.kernel_mode("triton"):
                 kernel_ms = median_ms(case.run, device, reps, warmup)
-                identical = True if ref_out is None else same(case.run(), ref_out)
+                identical = True if ref_out is None else same(case.run(), ref_out, case.atol)
         seconds = None if kernel_ms is None else kernel_ms / 1e3
         achieved = None if seconds is None else case.bytes / seconds / 1e12
         rows.append({

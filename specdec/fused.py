@@ -51,7 +51,8 @@ from .adapter import UnsupportedModelError
 from .kernels.decode_attention import decode_attention
 from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
-from .nn.attention import masked_sdpa_kernel
+from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
+from .nn.attention import masked_sdpa_kernel, use_tree_attention
 
 __all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels", "decode_settings"]
 
@@ -101,23 +102,33 @@ def fused_support(model: nn.Module) -> str | None:
 
 # Measured on the H200 (session 11, Llama-2-7B shape): the fused element-wise ops 5.19 -> 4.23 ms per plain step,
 # the split-key attention 5.19 -> 5.24 (batch 1), 7.30 -> 8.12 (batch 16): fused_ops on, decode_attention off.
-_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": False, "fused_ops": True}
+# tree_attention: the split-key kernel for forwards of 2..128 tokens under a mask (verify buckets; EAGLE heads).
+# Session 12 (H200, CUDA-graph replays): 5.4 us against cuDNN's 12.0 for the fixture's 64-node verify attention,
+# 17.7 against 34.3 for Llama-2-7B's; the fixture's compiled EAGLE-3 step 1.24 -> 1.09 ms of GPU time: on.
+_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": False, "fused_ops": True,
+                    "tree_attention": True}
 
 
 @contextlib.contextmanager
-def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = None, fused_ops: bool | None = None):
+def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = None, fused_ops: bool | None = None,
+                   tree_attention: bool | None = None):
     """Within the block, fused decoders built without their own settings (as the fast path builds them) take these:
     ``gemv_rows``, the most rows a forward may have for :func:`specdec.kernels.linear_rows` (``0``: ``F.linear``
     always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), and ``attention``, whether one-token
     forwards attend with :func:`specdec.kernels.decode_attention` or SDPA, and ``fused_ops``, whether the residual
     adds + norms, RoPE + cache writes and SiLU-mul run as the fused kernels of :mod:`specdec.kernels.decoder_ops`
-    or as torch ops (defaults: ``attention=False``, ``fused_ops=True``, as measured on the H200). ``None`` keeps
-    the setting in force. For ablations of the kernels.
+    or as torch ops, and ``tree_attention``, whether forwards of 2 to
+    :data:`~specdec.kernels.TREE_ATTENTION_MAX_M` tokens under a mask (tree verification, the EAGLE heads'
+    levels through :func:`specdec.nn.masked_attention`) attend with :func:`specdec.kernels.tree_attention` or SDPA
+    (defaults: ``attention=False``, ``fused_ops=True``, ``tree_attention=True``, as measured on the H200).
+    ``None`` keeps the setting in force. For ablations of the kernels. Graphs a drafter captured before the
+    change keep the attention they were captured with; the static adapter captures its own again.
 
     Args:
         gemv_rows: ``0 <= gemv_rows`` or ``None``.
         attention: ``True``, ``False`` or ``None``.
         fused_ops: ``True``, ``False`` or ``None``.
+        tree_attention: ``True``, ``False`` or ``None``.
 
     Example:
         >>> with decode_kernels(attention=True, fused_ops=True):     # doctest: +SKIP
@@ -125,21 +136,25 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
     """
     if gemv_rows is not None and (not isinstance(gemv_rows, int) or gemv_rows < 0):
         raise ValueError(f"decode_kernels: gemv_rows must be an int >= 0 (0 turns the kernel off), got {gemv_rows!r}")
-    for name, value in (("attention", attention), ("fused_ops", fused_ops)):
+    for name, value in (("attention", attention), ("fused_ops", fused_ops), ("tree_attention", tree_attention)):
         if value not in (None, True, False):
             raise ValueError(f"decode_kernels: {name} must be True, False or None, got {value!r}")
     before = dict(_DECODE_DEFAULTS)
-    for key, value in (("gemv_rows", gemv_rows), ("decode_attention", attention), ("fused_ops", fused_ops)):
+    for key, value in (("gemv_rows", gemv_rows), ("decode_attention", attention), ("fused_ops", fused_ops),
+                       ("tree_attention", tree_attention)):
         if value is not None:
             _DECODE_DEFAULTS[key] = value
+    use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
     try:
         yield
     finally:
         _DECODE_DEFAULTS.update(before)
+        use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
 
 
 def decode_settings() -> dict:
-    """The settings fused decoders built now take (``gemv_rows``, ``decode_attention``, ``fused_ops``; see
+    """The settings fused decoders built now take (``gemv_rows``, ``decode_attention``, ``fused_ops``,
+    ``tree_attention``; see
     :func:`decode_kernels`)."""
     return dict(_DECODE_DEFAULTS)
 
@@ -183,7 +198,8 @@ class FusedDecoder:
     """
 
     def __init__(self, model: nn.Module, max_positions: int, *, gemv_rows: int | None = None,
-                 decode_attention: bool | None = None, fused_ops: bool | None = None):
+                 decode_attention: bool | None = None, fused_ops: bool | None = None,
+                 tree_attention: bool | None = None):
         reason = fused_support(model)
         if reason is not None:
             raise UnsupportedModelError(f"{type(model).__name__} cannot run on the fused decoder: {reason}; "
@@ -221,10 +237,13 @@ class FusedDecoder:
         self.decode_attention = (_DECODE_DEFAULTS["decode_attention"] if decode_attention is None
                                  else bool(decode_attention))
         self.fused_ops = _DECODE_DEFAULTS["fused_ops"] if fused_ops is None else bool(fused_ops)
+        self.tree_attention = (_DECODE_DEFAULTS["tree_attention"] if tree_attention is None
+                               else bool(tree_attention))
 
     @property
     def settings(self) -> dict:
-        """This decoder's kernel choices: ``gemv_rows``, ``decode_attention``, ``fused_ops``."""
+        """This decoder's kernel choices: ``gemv_rows``, ``decode_attention``, ``fused_ops``,
+        ``tree_attention``."""
         return {key: getattr(self, key) for key in _DECODE_DEFAULTS}
 
     def use_settings(self, settings: dict) -> None:
@@ -257,12 +276,15 @@ class FusedDecoder:
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                 kv_len: int | None) -> torch.Tensor:
         """Attention of ``q [B, nh, M, d]`` over the cache's ``[B, nk, S, d]`` (the first ``kv_len`` slots, causally,
-        when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row, else SDPA."""
+        when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row,
+        :func:`specdec.kernels.tree_attention` for a few, SDPA otherwise (as the settings say)."""
         B, _, M, d = q.shape
         if kv_len is not None:
             keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
         if M == 1 and mask is not None and self.decode_attention:
             return decode_attention(q, keys, values, mask, self.scaling)
+        if 1 < M <= TREE_ATTENTION_MAX_M and mask is not None and self.tree_attention:
+            return tree_attention(q, keys, values, mask, self.scaling)
         nh, nk = self.heads, self.kv_heads
         if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
             S = keys.shape[2]

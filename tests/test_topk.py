@@ -4,7 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.kernels import TOPK_MAX_N, interpreter_enabled, kernel_mode, topk_rows, topk_rows_ref, triton_available
+from specdec.kernels import (
+    TOPK_CHUNK,
+    TOPK_MAX_N,
+    interpreter_enabled,
+    kernel_mode,
+    topk_rows,
+    topk_rows_ref,
+    triton_available,
+)
 from specdec.trees import grow_dynamic_tree, grow_dynamic_tree_ref
 
 DEVICES = (["cpu"] if interpreter_enabled() else []) + (["cuda"] if torch.cuda.is_available() else [])
@@ -22,7 +30,8 @@ def _rows(shape, seed, device, dtype=torch.float32, ties=False):
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape,k", [((10, 4096), 10), ((1, 4096), 10), ((3, 100), 10), ((2, 5, 37), 7),
-                                     ((4, 1000), 32), ((6, 3), 3)])
+                                     ((4, 1000), 32), ((6, 3), 3), ((3, 32000), 10), ((2, 8193), 32),
+                                     ((1, 4097), 1)])
 @pytest.mark.parametrize("ties", [False, True])
 def test_the_kernel_equals_a_stable_descending_sort(device, shape, k, ties):
     x = _rows(shape, seed=shape[-1] + k, device=device, ties=ties)
@@ -58,10 +67,25 @@ def test_bf16_on_the_gpu_and_inside_torch_compile():
     torch.testing.assert_close(cv, rv)
 
 
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_of_many_chunks_merge_in_order(device):
+    """Rows past one program's chunk (a 32k vocabulary): the chunks' best are merged, ties stay ascending across
+    chunks, and -inf entries past the finite ones come by ascending index; three launches past TOPK_CHUNK ** 2."""
+    x = torch.full((2, 3 * TOPK_CHUNK + 5), float("-inf"), device=device)
+    x[0, [7, TOPK_CHUNK + 3, 2 * TOPK_CHUNK + 1, 3 * TOPK_CHUNK + 4]] = 1.0  # four equal maxima in four chunks
+    x[1, 3 * TOPK_CHUNK + 2] = 0.0
+    with kernel_mode("triton"):
+        values, indices = topk_rows(x, 6)
+    assert indices[0].tolist() == [7, TOPK_CHUNK + 3, 2 * TOPK_CHUNK + 1, 3 * TOPK_CHUNK + 4, 0, 1]
+    assert indices[1].tolist() == [3 * TOPK_CHUNK + 2, 0, 1, 2, 3, 4]
+    assert torch.equal(values, topk_rows_ref(x, 6)[0])
+
+
 def test_long_rows_large_k_and_bad_inputs():
-    x = torch.randn(2, TOPK_MAX_N + 1)
-    assert torch.equal(topk_rows(x, 3)[1], topk_rows_ref(x, 3)[1])  # past the kernel's reach: the reference
-    assert torch.equal(topk_rows(x[:, :50], 40)[1], topk_rows_ref(x[:, :50], 40)[1])
+    x = torch.randn(2, 300)
+    assert TOPK_MAX_N >= 32000 * 8  # every vocabulary in use runs the kernel
+    assert torch.equal(topk_rows(x[:, :50], 40)[1], topk_rows_ref(x[:, :50], 40)[1])  # k past the kernel's reach
     with pytest.raises(ValueError, match="k must be between 1 and the row length"):
         topk_rows(x[:, :4], 5)
     with pytest.raises(ValueError, match="floating point"):

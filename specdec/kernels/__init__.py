@@ -22,7 +22,8 @@ op                                          replaces                            
 :func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
 :func:`silu_mul`                            SwiGLU's ``silu(gate) * up``             1
-:func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1
+:func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries)
+:func:`tree_attention`                      SDPA of a few queries (tree verification) 2
 =========================================== ======================================== ===================================
 
 On CPU the kernels run under the Triton interpreter when ``TRITON_INTERPRET=1`` is set before this package is
@@ -48,7 +49,8 @@ from .emit import (
 from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
-from .topk import TOPK_MAX_K, TOPK_MAX_N, topk_rows, topk_rows_ref
+from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, topk_rows, topk_rows_ref
+from .tree_attention import TREE_ATTENTION_MAX_M, tree_attention, tree_attention_ref, tree_attention_split
 from .tree_mask import TreeMask, head_tree_mask, head_tree_mask_ref, tree_mask, tree_mask_ref
 from .verify import (
                         VerifyNoise,
@@ -76,5 +78,6 @@ __all__ = [
     "decode_attention", "decode_attention_ref", "decode_split",
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
-    "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref",
+    "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_ref", "tree_attention_split",
+    "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref",
 ]

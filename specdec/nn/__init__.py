@@ -20,6 +20,7 @@ from .attention import (
     masked_sdpa_backends,
     masked_sdpa_kernel,
     uncached_attention,
+    use_tree_attention,
 )
 from .layers import DecoderConfig, DecoderLayer, FusedInputDecoderLayer, RMSNorm, SwiGLU
 from .linear import zero_linear
@@ -27,7 +28,8 @@ from .rope import RotaryEmbedding, apply_rotary
 
 __all__ = [
     "AttendFn", "Attention", "KVCache", "cached_attention", "uncached_attention", "masked_attention",
-    "masked_sdpa_backends", "masked_sdpa_kernel", "fixed_shape_attention", "DecoderConfig", "DecoderLayer",
+    "masked_sdpa_backends", "masked_sdpa_kernel", "fixed_shape_attention", "use_tree_attention", "DecoderConfig",
+    "DecoderLayer",
     "FusedInputDecoderLayer",
     "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear",
 ]

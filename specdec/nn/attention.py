@@ -39,6 +39,7 @@ __all__ = [
     "masked_sdpa_backends",
     "masked_sdpa_kernel",
     "fixed_shape_attention",
+    "use_tree_attention",
 ]
 
 # attend(q, k, v) -> o with q [B, h, T, d], k/v [B, h_kv, T, d] (RoPE applied), o [B, h, T, d]
@@ -46,6 +47,22 @@ AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 _FIXED_SHAPES = [0]  # > 0 inside fixed_shape_attention()
+_TREE_KERNEL = [True]  # masked_attention of a few queries on specdec.kernels.tree_attention (on CUDA)
+
+
+def use_tree_attention(enabled: bool) -> bool:
+    """Whether :func:`masked_attention` of 2 to :data:`~specdec.kernels.TREE_ATTENTION_MAX_M` queries under a mask
+    runs :func:`specdec.kernels.tree_attention` (on CUDA) instead of SDPA; returns the previous setting.
+    :func:`specdec.fused.decode_kernels` (``tree_attention=``) sets it with the fused decoders' setting.
+
+    Args:
+        enabled: the new setting.
+
+    Returns:
+        The setting that was in force.
+    """
+    previous, _TREE_KERNEL[0] = _TREE_KERNEL[0], bool(enabled)
+    return previous
 
 
 @contextlib.contextmanager
@@ -134,6 +151,11 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     gqa = q.shape[1] != k.shape[1]
     if mask is not None and mask.dtype == torch.bool and q.is_cuda:
         mask = to_aligned_additive_mask(mask, q.dtype)  # else SDPA converts and pads it in every call
+    if mask is not None and q.is_cuda and _TREE_KERNEL[0]:
+        from ..kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
+
+        if 1 < q.shape[2] <= TREE_ATTENTION_MAX_M:
+            return tree_attention(q, k, v, mask)
     with masked_sdpa_kernel():
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)

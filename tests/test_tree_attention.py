@@ -1,0 +1,202 @@
+"""tree_attention: a few queries per row (tree nodes) over a static cache, split along the keys, against SDPA."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_model
+
+from specdec import recipes
+from specdec.fused import FusedDecoder, decode_kernels
+from specdec.generate import generate
+from specdec.heads import Eagle1Head
+from specdec.kernels import (
+    TREE_ATTENTION_MAX_M,
+    interpreter_enabled,
+    kernel_mode,
+    tree_attention,
+    tree_attention_ref,
+    tree_attention_split,
+    triton_available,
+)
+from specdec.kernels.tree_attention import _tree_attention_triton
+from specdec.nn import masked_attention, use_tree_attention
+from specdec.static import slot_cache
+
+DEVICES = (["cpu"] if interpreter_enabled() else []) + (["cuda"] if torch.cuda.is_available() else [])
+needs_kernel = pytest.mark.skipif(not DEVICES or not triton_available(), reason="needs triton on CUDA or interpreted")
+MIN = torch.finfo(torch.float32).min
+
+
+def _case(B, H, Hkv, M, S, d, seed=0, device="cpu", dtype=torch.float32, hidden=MIN):
+    """Queries as a strided view (as the decoder's), a cache, and a tree mask: row b hides a prefix of b slots
+    (left padding) and the free slots past S - M; node m sees the committed slots, itself and random earlier nodes."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, M, H + 1, d, generator=g)[:, :, :H].transpose(1, 2)
+    k, v = torch.randn(B, Hkv, S, d, generator=g), torch.randn(B, Hkv, S, d, generator=g)
+    committed = S - M - 7
+    seen = torch.zeros(B, M, S, dtype=torch.bool)
+    seen[:, :, :committed] = True
+    for b in range(B):
+        seen[b, :, :b] = False
+    tree = torch.rand(B, M, M, generator=g) < 0.3
+    seen[:, :, committed:committed + M] = tree.tril(-1) | torch.eye(M, dtype=torch.bool)
+    mask = torch.where(seen, 0.0, hidden)[:, None]
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, mask)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,H,Hkv,M,S,d,block", [(1, 5, 5, 61, 300, 64, None), (2, 8, 2, 10, 100, 32, 32),
+                                                 (1, 4, 1, 2, 64, 16, None), (2, 2, 2, 100, 260, 64, 64),
+                                                 (1, 3, 3, 7, 45, 24, None), (1, 2, 2, 9, 300, 16, 96)])
+def test_the_kernel_equals_sdpa(device, B, H, Hkv, M, S, d, block):
+    q, k, v, mask = _case(B, H, Hkv, M, S, d, seed=S + M, device=device)
+    out = _tree_attention_triton(q, k, v, mask, 0.3, block)
+    assert out.shape == (B, H, M, d) and out.dtype == q.dtype
+    torch.testing.assert_close(out, tree_attention_ref(q, k, v, mask, 0.3), atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunks_hidden_whole_by_minus_infinity_and_a_shared_mask_are_handled(device):
+    q, k, v, mask = _case(1, 4, 2, 6, 96, 16, device=device, hidden=float("-inf"))
+    q, k, v = (t.expand(2, *t.shape[1:]) for t in (q, k, v))
+    mask[..., :40] = float("-inf")  # the first chunks of 32 keys hidden whole (m = -inf there)
+    out = _tree_attention_triton(q, k, v, mask, None, 32)
+    torch.testing.assert_close(out, tree_attention_ref(q, k, v, mask), atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_stays_close_to_sdpa_in_float32(device):
+    """bf16 inputs (on CPU the interpreter, whose dot misreads bf16, multiplies in float32): within bf16 rounding of
+    the float32 result."""
+    q, k, v, mask = _case(2, 4, 2, 20, 130, 32, seed=3, device=device)
+    out = _tree_attention_triton(*(t.bfloat16() for t in (q, k, v, mask)), None)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), tree_attention_ref(q, k, v, mask), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="bf16 on the GPU")
+def test_bf16_on_the_gpu_stays_close_to_sdpa_and_runs_inside_torch_compile():
+    q, k, v, mask = _case(1, 32, 32, 64, 1216, 128, device="cuda", dtype=torch.bfloat16)
+    out = tree_attention(q, k, v, mask)
+    torch.testing.assert_close(out.float(), tree_attention_ref(q, k, v, mask).float(), atol=2e-2, rtol=2e-2)
+    compiled = torch.compile(lambda *t: tree_attention(*t) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, mask), out * 2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_custom_op_traces_under_torch_compile(device):
+    """torch.ops.specdec.tree_attention (what tree_attention calls on CUDA, also in generate(fast="compile")): its
+    fake gives dynamo and AOT autograd the output's shape, and the compiled function returns the kernel's result."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    q, k, v, mask = _case(2, 4, 2, 9, 70, 16, device=device)
+    fn = torch.compile(lambda *t: torch.ops.specdec.tree_attention(*t, None) + 1, backend="aot_eager",
+                       fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v, mask), tree_attention_ref(q, k, v, mask) + 1, atol=2e-5, rtol=1e-4)
+
+
+def test_bad_inputs_are_named_long_forwards_run_the_reference_and_the_split_is_bounded():
+    q, k, v, mask = _case(2, 4, 2, 5, 20, 8)
+    with pytest.raises(ValueError, match=r"multiple of key/value heads"):
+        tree_attention(q[:, :3], k, v, mask)
+    with pytest.raises(ValueError, match=r"mask must be additive with shape \[B, 1, M, S\]"):
+        tree_attention(q, k, v, mask[..., :10])
+    with pytest.raises(ValueError, match=r"float \(additive\) mask"):
+        tree_attention(q, k, v, mask == 0)
+    with pytest.raises(ValueError, match=r"one shape"):
+        tree_attention(q, k, v[:, :, :10], mask)
+    with pytest.raises(ValueError, match=r"q must have shape \[B, H, M, d\]"):
+        tree_attention(q[0], k, v, mask)
+    q.requires_grad_(True)
+    with kernel_mode("triton"):  # a gradient is needed: the reference (the kernels have no backward)
+        tree_attention(q, k, v, mask).sum().backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0
+    long = _case(1, 2, 2, TREE_ATTENTION_MAX_M + 1, TREE_ATTENTION_MAX_M + 20, 8)
+    with kernel_mode("triton"):  # past the kernel's reach even when forced: the reference
+        torch.testing.assert_close(tree_attention(*long), tree_attention_ref(*long))
+    for programs, keys in ((1, 10), (5, 512), (32, 1216), (4096, 8192), (7, 100_000)):
+        block = tree_attention_split(programs, keys)
+        chunks = -(-keys // block)
+        assert block >= 32 and block % 32 == 0 and chunks <= -(-keys // 32)
+        assert chunks * programs >= min(256, programs * -(-keys // 32)) // 2  # enough programs to fill a GPU
+
+
+def _decoder_case(device, batch, M):
+    model = tiny_model("llama").to(device)  # grouped-query attention (4 query heads, 2 key/value heads)
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    S, T = 48, 20
+    shapes = [((batch, config.num_key_value_heads, S, head_dim), torch.float32)] * config.num_hidden_layers
+    g = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, VOCAB, (batch, T), generator=g).to(device)
+    tokens = torch.randint(0, VOCAB, (batch, M), generator=g).to(device)
+    seen = torch.zeros(batch, 1, M, S, dtype=torch.bool)
+    seen[..., :T] = True
+    seen[..., T:T + M] = torch.eye(M, dtype=torch.bool) | torch.ones(M, M, dtype=torch.bool).tril(-1)
+    mask = torch.where(seen, 0.0, MIN).to(device)
+    positions = (T + torch.arange(M, device=device)).expand(batch, M)
+    return model, shapes, prefix, tokens, mask, positions, T + torch.arange(M, device=device)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_fused_decoder_verifies_a_tree_with_the_kernel_as_with_sdpa(batch, device):
+    model, shapes, prefix, tokens, mask, positions, slots = _decoder_case(device, batch, M=6)
+    outs = []
+    for tree, mode in ((False, "auto"), (True, "triton")):
+        with decode_kernels(tree_attention=tree, gemv_rows=0, fused_ops=False):
+            dec = FusedDecoder(model, max_positions=64)
+        assert dec.tree_attention is tree and dec.settings["tree_attention"] is tree
+        cache = slot_cache(shapes, torch.device(device))
+        dec.prefill(prefix, torch.ones_like(prefix, dtype=torch.bool), cache.layers, all_valid=True)
+        with kernel_mode(mode):
+            outs.append(dec(tokens, positions, mask, slots, cache.layers, (1,)))
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(outs[1][1][0], outs[0][1][0], atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_attention_takes_the_kernel_when_asked_and_only_then(device, monkeypatch):
+    """use_tree_attention(True) routes masked_attention of 2..128 queries under a mask to the kernel (on CUDA; on
+    CPU nothing changes, as SDPA runs there); decode_kernels(tree_attention=) sets it and restores it."""
+    ta = sys.modules["specdec.kernels.tree_attention"]  # the module (the package's attribute is the function)
+    calls = []
+    real = ta.tree_attention
+    monkeypatch.setattr(ta, "tree_attention", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    q, k, v, mask = _case(1, 4, 2, 6, 40, 16, device=device)
+    boolean = mask == 0
+    assert use_tree_attention(True) is True  # the default
+    with decode_kernels(tree_attention=False):
+        assert use_tree_attention(False) is False
+        sdpa = masked_attention(q, k, v, boolean)
+    assert calls == []
+    assert use_tree_attention(True) is True  # restored on leaving the block
+    torch.testing.assert_close(masked_attention(q, k, v, boolean), sdpa, atol=2e-5, rtol=1e-4)
+    assert calls == ([q.shape] if device == "cuda" else [])
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_eagle2_on_the_fast_path_with_the_tree_kernel_decodes_as_eager_greedy_decoding(device):
+    """float32 greedy: generate(fast=True) with EAGLE-2, its verify forwards on the tree kernel (forced and
+    interpreted on CPU; on CUDA inside the captured steps, the head's levels too) gives the eager tokens."""
+    model = tiny_model("llama", scale=3.0).to(device)
+    torch.manual_seed(3)
+    head = Eagle1Head.from_target(model).float().to(device)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2)).to(device)
+    eager = generate(model, ids, drafter=recipes.eagle2(head, total_tokens=8, depth=2, top_k=3),
+                     max_new_tokens=7, eos_token_id=[])
+    with kernel_mode("triton" if device == "cpu" else "auto"), decode_kernels(tree_attention=True):
+        fast = generate(model, ids, drafter=recipes.eagle2(head, total_tokens=8, depth=2, top_k=3),
+                        max_new_tokens=7, eos_token_id=[], fast=True)
+    assert torch.equal(fast.sequences, eager.sequences)
+    assert fast.stats.num_target_forwards == eager.stats.num_target_forwards
