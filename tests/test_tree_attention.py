@@ -5,9 +5,10 @@ import sys
 
 import pytest
 import torch
-from tiny_models import VOCAB, tiny_model
+from tiny_models import VOCAB, noisy_copy, tiny_model
 
 from specdec import recipes
+from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.fused import FusedDecoder, decode_kernels
 from specdec.generate import generate
 from specdec.heads import Eagle1Head
@@ -186,17 +187,24 @@ def test_masked_attention_takes_the_kernel_when_asked_and_only_then(device, monk
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-def test_eagle2_on_the_fast_path_with_the_tree_kernel_decodes_as_eager_greedy_decoding(device):
-    """float32 greedy: generate(fast=True) with EAGLE-2, its verify forwards on the tree kernel (forced and
-    interpreted on CPU; on CUDA inside the captured steps, the head's levels too) gives the eager tokens."""
+def test_tree_verification_on_the_fast_path_with_the_kernel_decodes_as_eager_greedy_decoding(device):
+    """float32 greedy: generate(fast=True) verifying a draft model's trees with the kernel (forced and interpreted on
+    CPU; on CUDA inside the captured steps, with EAGLE-2's head levels on it too) gives the eager tokens, with
+    drafts accepted (the verify forward's every node matters)."""
     model = tiny_model("llama", scale=3.0).to(device)
-    torch.manual_seed(3)
-    head = Eagle1Head.from_target(model).float().to(device)
-    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2)).to(device)
-    eager = generate(model, ids, drafter=recipes.eagle2(head, total_tokens=8, depth=2, top_k=3),
-                     max_new_tokens=7, eos_token_id=[])
-    with kernel_mode("triton" if device == "cpu" else "auto"), decode_kernels(tree_attention=True):
-        fast = generate(model, ids, drafter=recipes.eagle2(head, total_tokens=8, depth=2, top_k=3),
-                        max_new_tokens=7, eos_token_id=[], fast=True)
-    assert torch.equal(fast.sequences, eager.sequences)
-    assert fast.stats.num_target_forwards == eager.stats.num_target_forwards
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2)).to(device)
+    drafters = {"draft_model_tree": lambda: DraftModelDrafter(noisy_copy(model, 0.3), num_drafts=3,
+                                                             tree=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])}
+    if device == "cuda":
+        torch.manual_seed(3)
+        head = Eagle1Head.from_target(model).float().to(device)
+        drafters["eagle2"] = lambda: recipes.eagle2(head, total_tokens=8, depth=2, top_k=3)
+    taus = {}
+    for name, make in drafters.items():
+        eager = generate(model, ids, drafter=make(), max_new_tokens=8, eos_token_id=[])
+        with kernel_mode("triton" if device == "cpu" else "auto"), decode_kernels(tree_attention=True):
+            fast = generate(model, ids, drafter=make(), max_new_tokens=8, eos_token_id=[], fast=True)
+        assert torch.equal(fast.sequences, eager.sequences), name
+        assert fast.stats.num_target_forwards == eager.stats.num_target_forwards, name
+        taus[name] = fast.stats.tau
+    assert taus["draft_model_tree"] > 1.5  # drafts are accepted: every node's verification counts
