@@ -17,10 +17,10 @@ References:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, tl
+from .tree_attention import _tree_merge_kernel, check_inputs, sdpa_reference
 
 __all__ = ["decode_attention", "decode_attention_ref", "decode_split"]
 
@@ -28,25 +28,8 @@ __all__ = ["decode_attention", "decode_attention_ref", "decode_split"]
 def _check(q, k, v, mask) -> tuple[int, int, int, int, int]:
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[2] != 1:
         raise ValueError(f"decode_attention: q must have shape [B, H, 1, d] (one query per row and head), got "
-                         f"{tuple(getattr(q, 'shape', ()))}; use F.scaled_dot_product_attention for longer queries")
-    B, H, _, d = q.shape
-    for name, t in (("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[0] != B or t.shape[3] != d:
-            raise ValueError(f"decode_attention: {name} must have shape [B, H_kv, S, d] = [{B}, H_kv, S, {d}], got "
-                             f"{tuple(getattr(t, 'shape', ()))}")
-    if k.shape != v.shape:
-        raise ValueError(f"decode_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
-    Hkv, S = k.shape[1], k.shape[2]
-    if H % Hkv:
-        raise ValueError(f"decode_attention: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[1:3]) != (1, 1) \
-            or mask.shape[0] not in (1, B) or mask.shape[3] != S:
-        raise ValueError(f"decode_attention: mask must be additive with shape [B, 1, 1, S] = [{B}, 1, 1, {S}] "
-                         f"(0 = may attend, a large negative value = hidden), got "
-                         f"{tuple(getattr(mask, 'shape', ()))}")
-    if not mask.dtype.is_floating_point:
-        raise ValueError("decode_attention: mask must be a float (additive) mask; turn a boolean one into "
-                         "torch.where(mask, 0.0, torch.finfo(dtype).min)")
+                         f"{tuple(getattr(q, 'shape', ()))}; use specdec.kernels.tree_attention for longer queries")
+    B, H, Hkv, _, S, d = check_inputs("decode_attention", q, k, v, mask)
     return B, H, Hkv, S, d
 
 
@@ -64,11 +47,8 @@ def decode_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     Returns:
         Shape ``[B, H, 1, d]`` in ``q``'s dtype.
     """
-    B, H, Hkv, S, d = _check(q, k, v, mask)
-    if Hkv != H:
-        k = k[:, :, None].expand(B, Hkv, H // Hkv, S, d).reshape(B, H, S, d)
-        v = v[:, :, None].expand(B, Hkv, H // Hkv, S, d).reshape(B, H, S, d)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
+    _check(q, k, v, mask)
+    return sdpa_reference(q, k, v, mask, scale)
 
 
 def decode_split(batch_heads: int, keys: int) -> int:
@@ -106,27 +86,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, group
     tl.store(acc_ptr + out * D + dims, acc, mask=d_in)
 
 
-@jit
-def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, H, D, NS, sob, soh, sod,
-                  BLOCK_NS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per row * head: the chunks' statistics merged into the softmax-weighted sum."""
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
-    c = tl.arange(0, BLOCK_NS)
-    c_in = c < NS
-    dims = tl.arange(0, BLOCK_D)
-    d_in = dims < D
-    m = tl.load(m_ptr + bh * NS + c, mask=c_in, other=float("-inf"))
-    top = tl.max(m, axis=0)
-    w = tl.where(c_in, tl.exp(m - top), 0.0)
-    denom = tl.sum(w * tl.load(l_ptr + bh * NS + c, mask=c_in, other=0.0), axis=0)
-    acc = tl.load(acc_ptr + (bh * NS + c)[:, None] * D + dims[None, :], mask=c_in[:, None] & d_in[None, :],
-                  other=0.0)
-    o = tl.sum(w[:, None] * acc, axis=0) / denom
-    tl.store(o_ptr + b * sob + h * soh + dims * sod, o.to(o_ptr.dtype.element_ty), mask=d_in)
-
-
 def _decode_attention_triton(q, k, v, mask, scale, block_s=None) -> torch.Tensor:
     B, H, Hkv, S, d = _check(q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
@@ -145,8 +104,9 @@ def _decode_attention_triton(q, k, v, mask, scale, block_s=None) -> torch.Tensor
         q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(), smb, mask.stride(3),
         BLOCK_S=block_s, BLOCK_D=next_pow2(d),
     )
-    _merge_kernel[(B * H,)](m, l_sum, acc, o, H, d, num_splits, o.stride(0), o.stride(1), o.stride(3),
-                            BLOCK_NS=next_pow2(num_splits), BLOCK_D=next_pow2(d))
+    # the merge is tree_attention's for one query: partial sums at [row * head, chunk, 0]
+    _tree_merge_kernel[(B * H, 1)](m, l_sum, acc, o, H, 1, d, num_splits, *o.stride(),
+                                   BLOCK_NS=next_pow2(num_splits), BLOCK_D=next_pow2(d))
     return o
 
 

@@ -37,28 +37,41 @@ __all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_ref", "tree
 TREE_ATTENTION_MAX_M = 128
 
 
-def _check(q, k, v, mask) -> tuple[int, int, int, int, int, int]:
+def check_inputs(op: str, q, k, v, mask) -> tuple[int, int, int, int, int, int]:
+    """``(B, H, H_kv, M, S, d)`` of an attention call over a cache, or a ``ValueError`` naming ``op`` and the bad
+    argument (shared by :func:`tree_attention` and :func:`~specdec.kernels.decode_attention`)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"tree_attention: q must have shape [B, H, M, d], got {tuple(getattr(q, 'shape', ()))}")
+        raise ValueError(f"{op}: q must have shape [B, H, M, d], got {tuple(getattr(q, 'shape', ()))}")
     B, H, M, d = q.shape
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[0] != B or t.shape[3] != d:
-            raise ValueError(f"tree_attention: {name} must have shape [B, H_kv, S, d] = [{B}, H_kv, S, {d}], got "
+            raise ValueError(f"{op}: {name} must have shape [B, H_kv, S, d] = [{B}, H_kv, S, {d}], got "
                              f"{tuple(getattr(t, 'shape', ()))}")
     if k.shape != v.shape:
-        raise ValueError(f"tree_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
+        raise ValueError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
     Hkv, S = k.shape[1], k.shape[2]
     if Hkv == 0 or H % Hkv:
-        raise ValueError(f"tree_attention: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
+        raise ValueError(f"{op}: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, B) \
             or tuple(mask.shape[2:]) != (M, S):
-        raise ValueError(f"tree_attention: mask must be additive with shape [B, 1, M, S] = [{B}, 1, {M}, {S}] "
+        raise ValueError(f"{op}: mask must be additive with shape [B, 1, M, S] = [{B}, 1, {M}, {S}] "
                          f"(0 = may attend, a large negative value = hidden), got "
                          f"{tuple(getattr(mask, 'shape', ()))}")
     if not mask.dtype.is_floating_point:
-        raise ValueError("tree_attention: mask must be a float (additive) mask; turn a boolean one into "
+        raise ValueError(f"{op}: mask must be a float (additive) mask; turn a boolean one into "
                          "torch.where(mask, 0.0, torch.finfo(dtype).min)")
     return B, H, Hkv, M, S, d
+
+
+def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   scale: float | None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` under the additive mask, key/value heads repeated for grouped-query
+    attention (inputs already checked): the reference of both attention kernels."""
+    (B, Hkv, S, d), H = k.shape, q.shape[1]
+    if Hkv != H:
+        k = k[:, :, None].expand(B, Hkv, H // Hkv, S, d).reshape(B, H, S, d)
+        v = v[:, :, None].expand(B, Hkv, H // Hkv, S, d).reshape(B, H, S, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
 
 
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -75,11 +88,8 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     Returns:
         Shape ``[B, H, M, d]`` in ``q``'s dtype.
     """
-    B, H, Hkv, M, S, d = _check(q, k, v, mask)
-    if Hkv != H:
-        k = k[:, :, None].expand(B, Hkv, H // Hkv, S, d).reshape(B, H, S, d)
-        v = v[:, :, None].expand(B, Hkv, H // Hkv, S, d).reshape(B, H, S, d)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
+    check_inputs("tree_attention", q, k, v, mask)
+    return sdpa_reference(q, k, v, mask, scale)
 
 
 def tree_attention_split(programs: int, keys: int) -> int:
@@ -167,7 +177,7 @@ def _tree_merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, H, M, D, NS, sob, soh, som,
 
 
 def _tree_attention_triton(q, k, v, mask, scale, block_s=None) -> torch.Tensor:
-    B, H, Hkv, M, S, d = _check(q, k, v, mask)
+    B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
     block_m = max(16, min(64, next_pow2(M)))
     query_blocks = -(-M // block_m)
@@ -195,11 +205,12 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None) -> torch.Tensor:
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    scale: float | None = None, *, block_s: int | None = None) -> torch.Tensor:
-    """Softmax attention of ``M`` queries per row and head over ``S`` cached keys, under an additive mask.
+    """Attention of a verify bucket: ``M`` tree nodes per row and head over the ``S`` cached keys, under an
+    additive mask (each node sees the committed keys, its ancestors and itself).
 
     .. math::
-        o_{bhm} = \\sum_s \\mathrm{softmax}_s\\bigl(\\mathrm{scale}\\; q_{bhm} \\cdot k_{b,g(h),s} + M_{bms}\\bigr)
-            v_{b,g(h),s}, \\qquad g(h) = \\lfloor h H_{kv} / H \\rfloor
+        O_{bh} = \\mathrm{softmax}\\bigl(\\mathrm{scale}\\; Q_{bh} K_{b,g(h)}^\\top + A_b\\bigr) V_{b,g(h)}
+        \\in \\mathbb{R}^{M \\times d}, \\qquad g(h) = \\lfloor h H_{kv} / H \\rfloor
 
     Dispatch: the split-key Triton kernels (two launches) when the tensors are on CUDA, triton imports and
     ``M <=`` :data:`TREE_ATTENTION_MAX_M` (inside ``torch.compile`` too, as the custom op
@@ -223,7 +234,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     Raises:
         ValueError: shapes that do not match, or a boolean mask, naming the argument.
     """
-    _check(q, k, v, mask)
+    check_inputs("tree_attention", q, k, v, mask)
     if q.shape[2] > TREE_ATTENTION_MAX_M or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return tree_attention_ref(q, k, v, mask, scale)  # long forwards; training (the kernels have no backward)
     if get_kernel_mode() == "auto":
