@@ -214,7 +214,8 @@ def cases(shapes: Shapes, device: torch.device) -> list[Case]:
                             *a, num_drafts=k, mask_token_id=1001),
                         batch * (width + width + k - 1) * shapes.hidden * 2, f"T={width}, K={k}, H={shapes.hidden}"))
         # tree_attention: the verify forward's attention, one layer: 61 nodes (a bucket of 64) over the cache
-        heads, slots, m = shapes.kv_heads * 4, -(-(shapes.prefix + 64) // 64) * 64, 64
+        m = 64 if n >= 60 else n + 1  # FULL: the 61-node tree's bucket; QUICK: a small tree (the interpreter is slow)
+        heads, slots = shapes.kv_heads * 4, -(-(shapes.prefix + m) // 64) * 64
         q = torch.randn(batch, heads, m, shapes.head_dim, generator=gd, device=device, dtype=torch.bfloat16)
         kv = [torch.randn(batch, heads, slots, shapes.head_dim, generator=gd, device=device, dtype=torch.bfloat16)
               for _ in range(2)]
