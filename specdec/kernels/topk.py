@@ -71,8 +71,8 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return topk_rows_ref(x, k)
     mode = get_kernel_mode()
     if mode == "auto":
-        if x.is_cuda and triton_available():
-            return torch.ops.specdec.topk_rows(x, k)
+        if x.is_cuda and triton_available():  # the op under torch.compile (opaque to inductor), else the launcher
+            return torch.ops.specdec.topk_rows(x, k) if torch.compiler.is_compiling() else _topk_rows_triton(x, k)
         return topk_rows_ref(x, k)
     if use_kernel("topk_rows", x):  # forced: the kernel (under the interpreter on CPU)
         return _topk_rows_triton(x, k)

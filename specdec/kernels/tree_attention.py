@@ -238,9 +238,10 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     if q.shape[2] > TREE_ATTENTION_MAX_M or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return tree_attention_ref(q, k, v, mask, scale)  # long forwards; training (the kernels have no backward)
     if get_kernel_mode() == "auto":
-        if block_s is None and all(t.is_cuda for t in (q, k, v, mask)) and triton_available():
+        on_cuda = all(t.is_cuda for t in (q, k, v, mask)) and triton_available()
+        if on_cuda and torch.compiler.is_compiling():  # an opaque op for inductor
             return torch.ops.specdec.tree_attention(q, k, v, mask, scale)
-        if not torch.compiler.is_compiling() and use_kernel("tree_attention", q, k, v, mask):
+        if on_cuda:  # eagerly (and inside CUDA graphs) the launcher itself: no dispatcher on the hot path
             return _tree_attention_triton(q, k, v, mask, scale, block_s)
         return tree_attention_ref(q, k, v, mask, scale)
     if use_kernel("tree_attention", q, k, v, mask):  # forced: the kernel (under the interpreter on CPU)

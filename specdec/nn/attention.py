@@ -25,6 +25,7 @@ from einops import rearrange
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
 from ..masks import to_aligned_additive_mask
 from .linear import zero_linear
 from .rope import apply_rotary
@@ -151,11 +152,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     gqa = q.shape[1] != k.shape[1]
     if mask is not None and mask.dtype == torch.bool and q.is_cuda:
         mask = to_aligned_additive_mask(mask, q.dtype)  # else SDPA converts and pads it in every call
-    if mask is not None and q.is_cuda and _TREE_KERNEL[0]:
-        from ..kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
-
-        if 1 < q.shape[2] <= TREE_ATTENTION_MAX_M:
-            return tree_attention(q, k, v, mask)
+    if mask is not None and q.is_cuda and _TREE_KERNEL[0] and 1 < q.shape[2] <= TREE_ATTENTION_MAX_M:
+        return tree_attention(q, k, v, mask)
     with masked_sdpa_kernel():
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
