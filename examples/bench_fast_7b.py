@@ -18,7 +18,8 @@ figure is the step's wall time):
   (``torch.compile(mode="reduce-overhead")``, static cache) on the same shape, in the same process (about two
   minutes of compiling per batch size on the H200; gpt-fast's module sets inductor options at import);
 - ``fast_plain_compiled`` / ``fast_spec_compiled`` (with ``--compile``): the same with ``torch.compile`` applied
-  before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape);
+  before each capture (:func:`specdec.static.compiled_capture`; minutes of compiling per shape), the target's
+  forwards and (since session 13, as ``generate(fast="compile")`` does) the drafter's steps;
 - ``eager_spec`` / ``fast_spec``: one speculative step, EAGLE-2 (a random :class:`~specdec.heads.Eagle1Head`,
   ``DynamicTree(60, 6, 10)``, drafter graphed as ``recipes.eagle2`` delivers it), verifying the 61-node tree, with
   compaction, on each adapter; ``fast_spec_kernels``: the fast one with the fused element-wise ops on. The fast
@@ -49,11 +50,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from specdec import recipes  # noqa: E402
 from specdec.adapter import ModelAdapter  # noqa: E402
+from specdec.drafters.eagle import EagleDrafter  # noqa: E402
 from specdec.fused import decode_kernels  # noqa: E402
-from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
+from specdec.graphs import GraphedDrafter, capture_graph, capture_graph_ref  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
+from specdec.trees.dynamic import DynamicTree  # noqa: E402
 
 LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
@@ -272,9 +275,11 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
         measure(r, "fast_plain_compiled", lambda: specdec_step(StaticAdapter(model, capacity=capacity, capture=cap),
                                                                ids, sync=False), **kw)
+        # the drafter's steps compiled too, as generate(fast="compile") runs them
+        compiled_drafter = GraphedDrafter(EagleDrafter(head, DynamicTree(**TREE)), capture=cap)
         measure(r, "fast_spec_compiled", lambda: specdec_step(
-            StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, drafter, TREE["depth"], sync=False),
-            **kw)
+            StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, compiled_drafter, TREE["depth"],
+            sync=False), **kw)
     return r
 
 

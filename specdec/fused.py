@@ -274,17 +274,18 @@ class FusedDecoder:
         return rope_store_ref(qkv, cos, sin, kv.keys, kv.values, slots, nh)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-                kv_len: int | None) -> torch.Tensor:
+                kv_len: int | None, kv_end: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of ``q [B, nh, M, d]`` over the cache's ``[B, nk, S, d]`` (the first ``kv_len`` slots, causally,
         when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row,
-        :func:`specdec.kernels.tree_attention` for a few, SDPA otherwise (as the settings say)."""
+        :func:`specdec.kernels.tree_attention` for a few (reading no key at or past ``kv_end``, a device tensor),
+        SDPA otherwise (as the settings say)."""
         B, _, M, d = q.shape
         if kv_len is not None:
             keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
         if M == 1 and mask is not None and self.decode_attention:
             return decode_attention(q, keys, values, mask, self.scaling)
         if 1 < M <= TREE_ATTENTION_MAX_M and mask is not None and self.tree_attention:
-            return tree_attention(q, keys, values, mask, self.scaling)
+            return tree_attention(q, keys, values, mask, self.scaling, kv_end=kv_end)
         nh, nk = self.heads, self.kv_heads
         if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
             S = keys.shape[2]
@@ -399,7 +400,9 @@ class FusedDecoder:
         Args:
             tokens: Shape ``[B, M]`` int64.
             positions: Shape ``[B, M]`` int64, RoPE positions (below ``max_positions``).
-            mask: Shape ``[B, 1, M, S]``, additive (0 = may attend, dtype min = hidden), in the model's dtype.
+            mask: Shape ``[B, 1, M, S]``, additive (0 = may attend, dtype min = hidden), in the model's dtype. It
+                must hide every slot past ``slots.max()`` (a cache filled in slot order, as the static adapter's
+                and the drafters' are): with :attr:`tree_attention` on CUDA those slots are not read.
             slots: Shape ``[M]`` int64, where the ``M`` new keys/values go (the same for every row).
             cache: one object per layer with ``keys`` / ``values`` ``[B, kv_heads, S, head_dim]`` (written in
                 place), e.g. :func:`specdec.static.slot_cache`'s ``layers``.
@@ -425,6 +428,11 @@ class FusedDecoder:
         h = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)  # [B, M, 1, d]
         n = len(self.layers)
+        # A cache's keys are written in slot order: nothing past this forward's last write slot is visible, so the
+        # tree kernel reads (and splits) only the slots below it: about half of a 7B verify's static cache.
+        kv_end = None
+        if mask is not None and 1 < M <= TREE_ATTENTION_MAX_M and self.tree_attention:
+            kv_end = slots.amax(0, keepdim=True) + 1
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}
         delta = None  # the last MLP's output, added to h by the next norm (one fused launch)
@@ -435,7 +443,7 @@ class FusedDecoder:
                 q = rope_store(qkv, cos, sin, kv.keys, kv.values, slots, nh)
             else:
                 q = self._rope_store_unfused(qkv, lay, cos, sin, kv, slots)
-            o = self._attend(q, kv.keys, kv.values, mask, kv_len)
+            o = self._attend(q, kv.keys, kv.values, mask, kv_len, kv_end)
             h, x = self._add_norm(h, self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo),
                                   lay.ln2, eps2)
             gate_up = self._linear(x, lay.wgu, lay.bgu)

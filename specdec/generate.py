@@ -44,6 +44,17 @@ class GenerateOutput(NamedTuple):
 
 
 @torch.no_grad()
+def _check_device(target, input_ids: torch.Tensor) -> None:
+    """A prompt on another device than the target's weights: a ``ValueError`` saying how to move it."""
+    embed = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
+    weight = getattr(embed, "weight", None)  # where the ids are looked up (the first shard of a split model)
+    if not isinstance(weight, torch.Tensor):
+        weight = next(iter(target.parameters()), None) if isinstance(target, torch.nn.Module) else None
+    if weight is not None and weight.device.type != "meta" and input_ids.device != weight.device:
+        raise ValueError(f"input_ids are on {input_ids.device} but the target's weights are on {weight.device}: "
+                         f"move the prompt (input_ids.to({str(weight.device)!r}), and the attention mask with it)")
+
+
 def generate(
     target,
     input_ids,
@@ -125,6 +136,7 @@ def generate(
     # 1. Inputs: left-padded prompts, a causal LM, a drafter of its vocabulary, the run's randomness.
     pad_token_id = resolve_pad_token_id(target, pad_token_id)
     prompts = prepare_prompts(input_ids, attention_mask, pad_token_id=pad_token_id)
+    _check_device(target, prompts.input_ids)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"{type(drafter).__name__} is not a drafter: it needs max_num_drafts, feature_layers, "
                         f"start(), propose() and update() (see specdec.drafters.Drafter).")

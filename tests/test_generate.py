@@ -284,3 +284,15 @@ def test_the_per_depth_tries_are_counted_in_batches_over_shapes_and_active_rows(
                 want[min(int(depths[b].masked_fill(parents[b] < 0, 0).max()), 4)] += 1
     stats = rec.finish(0, None)
     assert list(stats.depth_tries) == [sum(want[d:]) for d in range(1, 5)]
+
+
+def test_a_prompt_on_another_device_than_the_target_is_named_with_the_fix():
+    """Before, a prompt on the CPU and a target on CUDA failed deep in HF's embedding with a bare torch error."""
+    model = tiny_model("llama", seed=0)
+    ids = torch.ones(1, 3, dtype=torch.long, device="meta")  # another device than the weights' (cpu)
+    with pytest.raises(ValueError, match=r"input_ids are on meta but the target's weights are on cpu: move the "
+                                         r"prompt \(input_ids.to\('cpu'\)"):
+        generate(model, ids, max_new_tokens=2)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="weights are on cuda"):
+            generate(copy.deepcopy(model).cuda(), torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)

@@ -262,8 +262,10 @@ def test_typical_decoding_equals_greedy_decoding_as_temperature_goes_to_zero(tar
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_training_with_autocast_and_greedy_identity():
-    model = tiny_model("llama", seed=0, scale=4.0).cuda()
-    head = train_medusa1(model, _self_distilled(model).cuda(), num_heads=4, steps=40, batch_size=8, seq_len=24,
+    model = tiny_model("llama", seed=0, scale=4.0)
+    text = _self_distilled(model).cuda()  # the target's own text, generated on the CPU
+    model = model.cuda()
+    head = train_medusa1(model, text, num_heads=4, steps=40, batch_size=8, seq_len=24,
                          lr=1e-2, labels="target", progress=False).head
     assert head.device.type == "cuda" and head.dtype == torch.float32
     ids = torch.randint(1, VOCAB, (3, 6), generator=torch.Generator().manual_seed(1)).cuda()

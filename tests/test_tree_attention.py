@@ -17,6 +17,7 @@ from specdec.kernels import (
     interpreter_enabled,
     kernel_mode,
     tree_attention,
+    tree_attention_plan,
     tree_attention_ref,
     tree_attention_split,
     triton_available,
@@ -51,7 +52,8 @@ def _case(B, H, Hkv, M, S, d, seed=0, device="cpu", dtype=torch.float32, hidden=
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("B,H,Hkv,M,S,d,block", [(1, 5, 5, 61, 300, 64, None), (2, 8, 2, 10, 100, 32, 32),
                                                  (1, 4, 1, 2, 64, 16, None), (2, 2, 2, 100, 260, 64, 64),
-                                                 (1, 3, 3, 7, 45, 24, None), (1, 2, 2, 9, 300, 16, 96)])
+                                                 (1, 3, 3, 7, 45, 24, None), (1, 2, 2, 9, 300, 16, 96),
+                                                 (1, 32, 32, 60, 200, 16, None), (2, 16, 4, 50, 130, 32, None)])
 def test_the_kernel_equals_sdpa(device, B, H, Hkv, M, S, d, block):
     q, k, v, mask = _case(B, H, Hkv, M, S, d, seed=S + M, device=device)
     out = _tree_attention_triton(q, k, v, mask, 0.3, block)
@@ -67,6 +69,58 @@ def test_chunks_hidden_whole_by_minus_infinity_and_a_shared_mask_are_handled(dev
     mask[..., :40] = float("-inf")  # the first chunks of 32 keys hidden whole (m = -inf there)
     out = _tree_attention_triton(q, k, v, mask, None, 32)
     torch.testing.assert_close(out, tree_attention_ref(q, k, v, mask), atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_m,splits", [(16, 1), (32, 1), (16, 3), (64, 2), (None, None)])
+def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits):
+    """Every plan (one launch, or split keys and a merge) with a per-row end: the keys past it hold NaN, which a
+    kernel that read them would return. The result equals the reference under the same bound."""
+    q, k, v, mask = _case(2, 4, 2, 12, 320, 16, seed=5, device=device)
+    kv_end = torch.tensor([150, 97], device=device)  # the rows' committed keys and tree end below these
+    mask[0, ..., 120:150] = 0.0
+    mask[1, ..., 60:97] = 0.0
+    k_nan, v_nan = k.clone(), v.clone()
+    for b, end in enumerate(kv_end.tolist()):
+        k_nan[b, :, end:] = float("nan")
+        v_nan[b, :, end:] = float("nan")
+    out = _tree_attention_triton(q, k_nan, v_nan, mask, None, kv_end=kv_end, block_m=block_m, num_splits=splits)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, tree_attention_ref(q, k, v, mask, kv_end=kv_end), atol=2e-5, rtol=1e-4)
+    one = torch.tensor([97], device=device, dtype=torch.int32)  # one bound for every row
+    torch.testing.assert_close(tree_attention(q, k, v, mask, kv_end=one) if device == "cuda" else
+                               _tree_attention_triton(q, k, v, mask, None, kv_end=one, block_m=block_m,
+                                                      num_splits=splits),
+                               tree_attention_ref(q, k, v, mask, kv_end=one), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([3.0]), torch.tensor([[3]]), torch.tensor([3, 4, 5])])
+def test_a_bad_kv_end_is_named(bad):
+    q, k, v, mask = _case(2, 2, 2, 4, 40, 8)
+    with pytest.raises(ValueError, match="kv_end"):
+        tree_attention(q, k, v, mask, kv_end=bad)
+
+
+def test_the_plan_fills_the_gpu_with_query_blocks_or_splits_the_keys():
+    assert tree_attention_plan(32 * 16, 61, 1216) == (64, 1)  # Llama-2-7B's verify forward, 16 rows: one launch
+    assert tree_attention_plan(32 * 4, 61, 1216) == (32, 1)  # 4 rows: one launch, 32 queries per program
+    assert tree_attention_plan(32, 60, 1216) == (16, 2)  # one row: blocks of 16 queries, two chunks of keys
+    block_m, splits = tree_attention_plan(5, 64, 512)  # the fixture's 5 heads: all queries per program, split keys
+    assert block_m == 64 and splits > 1
+    block_m, splits = tree_attention_plan(32, 10, 1200)  # an EAGLE head's level: 32 programs, split keys
+    assert block_m == 16 and splits == -(-1200 // tree_attention_split(32, 1200)) > 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_query_that_sees_no_key_gets_zeros(device):
+    """A verify bucket's padding rows may see nothing: zeros (finite), the other queries unchanged."""
+    q, k, v, mask = _case(1, 2, 2, 8, 96, 16, seed=6, device=device, hidden=float("-inf"))
+    mask[:, :, 5:] = float("-inf")
+    out = _tree_attention_triton(q, k, v, mask, None, 32)
+    assert torch.equal(out[:, :, 5:], torch.zeros_like(out[:, :, 5:]))
+    torch.testing.assert_close(out[:, :, :5], tree_attention_ref(q, k, v, mask)[:, :, :5], atol=2e-5, rtol=1e-4)
 
 
 @needs_kernel
@@ -101,6 +155,11 @@ def test_the_custom_op_traces_under_torch_compile(device):
     fn = torch.compile(lambda *t: torch.ops.specdec.tree_attention(*t, None) + 1, backend="aot_eager",
                        fullgraph=True)
     torch.testing.assert_close(fn(q, k, v, mask), tree_attention_ref(q, k, v, mask) + 1, atol=2e-5, rtol=1e-4)
+    end = torch.tensor([50, 70], device=device)
+    fn = torch.compile(lambda *t: torch.ops.specdec.tree_attention(*t, None, end) + 1, backend="aot_eager",
+                       fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v, mask), tree_attention_ref(q, k, v, mask, kv_end=end) + 1, atol=2e-5,
+                               rtol=1e-4)
 
 
 def test_bad_inputs_are_named_long_forwards_run_the_reference_and_the_split_is_bounded():

@@ -8,7 +8,11 @@ programs for a whole GPU, and on the H200 cuDNN's kernel took 13.7 us per layer 
 program per (row, head, chunk of keys, block of queries) walks its chunk in tiles of 32 or 64 keys, each tile's
 scores one ``tl.dot`` for all the queries, keeping their softmax statistics (max ``m``, sum ``l``) and weighted
 values online; a second launch merges the chunks (``o = sum_c e^{m_c - m} acc_c / sum_c e^{m_c - m} l_c``), as
-flash-decoding does for one query.
+flash-decoding does for one query. When (row, head, block of 32 queries) programs alone fill the GPU (a 7B model's
+32 heads, a 64-node bucket and 4 rows or more), each walks all the keys and writes its output: no partial sums,
+one launch (:func:`tree_attention_plan`). ``kv_end``, a device tensor, bounds the keys each row may see: the fast
+path passes the end of its write slots, so the unused end of the static cache (about half of it in a 7B verify
+forward) is neither read nor split over, without a host sync.
 Grouped-query attention reads each key/value head for the query heads it serves, without expanding the cache.
 
 Reference: ``F.scaled_dot_product_attention`` under the additive mask (keys/values repeated for grouped-query
@@ -31,7 +35,8 @@ import torch.nn.functional as F
 from ._dispatch import get_kernel_mode, triton_available, use_kernel
 from ._triton import INTERPRETED, jit, next_pow2, tl
 
-__all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_ref", "tree_attention_split"]
+__all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_plan", "tree_attention_ref",
+           "tree_attention_split"]
 
 #: The most queries per row the kernels take (a verify bucket); longer forwards (a prefill) run the reference.
 TREE_ATTENTION_MAX_M = 128
@@ -75,7 +80,7 @@ def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float | None = None) -> torch.Tensor:
+                       scale: float | None = None, *, kv_end: torch.Tensor | None = None) -> torch.Tensor:
     """Reference for :func:`tree_attention`: ``F.scaled_dot_product_attention`` under the additive mask.
 
     Args:
@@ -84,12 +89,15 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
         v: Shape ``[B, H_kv, S, d]``.
         mask: Shape ``[B, 1, M, S]`` (or ``[1, 1, M, S]``), additive, float.
         scale: softmax scale (default ``d ** -0.5``).
+        kv_end: Shape ``[B]`` or ``[1]`` integer: keys at or past ``kv_end[b]`` hidden too.
 
     Returns:
         Shape ``[B, H, M, d]`` in ``q``'s dtype.
     """
     check_inputs("tree_attention", q, k, v, mask)
-    return sdpa_reference(q, k, v, mask, scale)
+    if kv_end is not None:
+        _check_end(kv_end, q.shape[0], q.device)
+    return sdpa_reference(q, k, v, _hide_past_end(mask, kv_end, q.shape[0]), scale)
 
 
 def tree_attention_split(programs: int, keys: int) -> int:
@@ -102,12 +110,15 @@ def tree_attention_split(programs: int, keys: int) -> int:
 
 
 @jit
-def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, group, M, S, D, NS, CHUNK, scale,
-                       sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                       BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    """One program per (row * head, chunk of ``CHUNK`` keys, block of queries), walking its chunk in tiles of
-    ``BLOCK_S`` keys with an online softmax: per query, the chunk's max score, sum of exponentials and weighted
-    values, written at ``[row * head, chunk, query]``."""
+def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H, group, M, S, D, NS,
+                       scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms, seb,
+                       sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                       IEEE: tl.constexpr, HAS_END: tl.constexpr, DIRECT: tl.constexpr):
+    """One program per (row * head, chunk of keys, block of queries): the row's first ``end`` keys (``end`` read
+    from ``end_ptr`` on the device, else ``S``) cut into ``NS`` chunks, this program's walked in tiles of
+    ``BLOCK_S`` keys with an online softmax. ``DIRECT`` (one chunk): the normalised output, written to ``o``;
+    else the chunk's max score, sum of exponentials and weighted values per query, at ``[row * head, chunk,
+    query]``, for the merge."""
     bh = tl.program_id(0)
     chunk = tl.program_id(1)
     qb = tl.program_id(2)
@@ -120,12 +131,19 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, 
     d_in = dims < D
     q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd,
                 mask=r_in[:, None] & d_in[None, :], other=0.0)
+    if HAS_END:  # keys at or past the row's end are hidden without being read (the unused end of a static cache)
+        end = tl.maximum(tl.minimum(tl.load(end_ptr + b * seb).to(tl.int32), S), 0)
+    else:
+        end = S
+    per = tl.cdiv(tl.cdiv(end, NS), 16) * 16  # every chunk used, whatever the end; its last tile partly masked
+    lo = chunk * per
+    hi = tl.minimum(lo + per, end)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, CHUNK, BLOCK_S):
-        s = chunk * CHUNK + start + tl.arange(0, BLOCK_S)
-        s_in = s < S
+    for start in range(lo, hi, BLOCK_S):
+        s = start + tl.arange(0, BLOCK_S)
+        s_in = s < hi
         keys_t = tl.load(k_ptr + b * skb + kvh * skh + s[None, :] * sks + dims[:, None] * skd,
                          mask=d_in[:, None] & s_in[None, :], other=0.0)  # [BLOCK_D, BLOCK_S]
         if IEEE:
@@ -148,10 +166,16 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, 
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + part
         m_i = m_new
-    out = (bh * NS + chunk) * M + rows
-    tl.store(m_ptr + out, m_i, mask=r_in)
-    tl.store(l_ptr + out, l_i, mask=r_in)
-    tl.store(acc_ptr + out[:, None] * D + dims[None, :], acc, mask=r_in[:, None] & d_in[None, :])
+    if DIRECT:  # a query that sees no key at all (a bucket's padding) gets zeros, not 0 / 0
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod, o.to(o_ptr.dtype.element_ty),
+                 mask=r_in[:, None] & d_in[None, :])
+    else:
+        out = (bh * NS + chunk) * M + rows
+        tl.store(m_ptr + out, m_i, mask=r_in)
+        tl.store(l_ptr + out, l_i, mask=r_in)
+        seen = r_in & (m_i > float("-inf"))  # a chunk a query saw nothing of: the merge reads its m only
+        tl.store(acc_ptr + out[:, None] * D + dims[None, :], acc, mask=seen[:, None] & d_in[None, :])
 
 
 @jit
@@ -169,42 +193,108 @@ def _tree_merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, H, M, D, NS, sob, soh, som,
     at = (bh * NS + c) * M + row
     m = tl.load(m_ptr + at, mask=c_in, other=float("-inf"))
     top = tl.max(m, axis=0)
-    w = tl.where(c_in & (m > float("-inf")), tl.exp(m - top), 0.0)
-    denom = tl.sum(w * tl.load(l_ptr + at, mask=c_in, other=0.0), axis=0)
-    acc = tl.load(acc_ptr + at[:, None] * D + dims[None, :], mask=c_in[:, None] & d_in[None, :], other=0.0)
-    o = tl.sum(w[:, None] * acc, axis=0) / denom
+    seen = c_in & (m > float("-inf"))  # chunks hidden from this query wrote no partial sums
+    w = tl.where(seen, tl.exp(m - top), 0.0)
+    denom = tl.sum(w * tl.load(l_ptr + at, mask=seen, other=0.0), axis=0)
+    acc = tl.load(acc_ptr + at[:, None] * D + dims[None, :], mask=seen[:, None] & d_in[None, :], other=0.0)
+    # a query that sees no key at all (a bucket's padding) gets zeros, not 0 / 0
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.where(denom > 0, denom, 1.0)
     tl.store(o_ptr + b * sob + h * soh + row * som + dims * sod, o.to(o_ptr.dtype.element_ty), mask=d_in)
 
 
-def _tree_attention_triton(q, k, v, mask, scale, block_s=None) -> torch.Tensor:
+def tree_attention_plan(rows_heads: int, queries: int, keys: int) -> tuple[int, int]:
+    """``(BLOCK_M, num_splits)``: queries per program and chunks of keys per row and head.
+
+    Measured on the H200 (bf16, 128-wide heads, a 1,216-slot cache of which 620 live; session 13):
+
+    - at least 256 (row, head, block of 64 queries) programs (Llama-2-7B's 32 heads, a 64-node bucket, 8 rows or
+      more): 64 queries per program over all the keys, one launch, no partial sums (batch 16: SDPA 152 us; 113 us
+      in session 12 without ``kv_end``, 139 with 32 queries per program);
+    - else at least 128 (row, head, block of 32 queries) programs (4 rows): 32 queries per program, one launch
+      (30 us, SDPA 46);
+    - else at least 96 (row, head, block of 16 queries) programs (batch 1 of the same): 16 queries per program,
+      the keys in two chunks and a merge (16 us; one chunk 18, SDPA 34);
+    - else (few heads, or an EAGLE head's 10-node level): all the queries of a row (up to 64) per program, the
+      keys split as :func:`tree_attention_split` says, and a merge.
+
+    Args:
+        rows_heads: ``B x H``.
+        queries: ``M``.
+        keys: ``S``.
+
+    Returns:
+        ``(BLOCK_M, num_splits)``; one split means one launch.
+    """
+    if rows_heads * -(-queries // 64) >= 256:
+        return max(16, min(64, next_pow2(queries))), 1
+    if rows_heads * -(-queries // 32) >= 128:
+        return 32, 1
+    if rows_heads * -(-queries // 16) >= 96:
+        return 16, 2
+    block_m = max(16, min(64, next_pow2(queries)))
+    programs = rows_heads * -(-queries // block_m)
+    return block_m, -(-keys // tree_attention_split(programs, keys))
+
+
+def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, block_m=None,
+                           num_splits=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
-    block_m = max(16, min(64, next_pow2(M)))
+    plan_m, plan_ns = tree_attention_plan(B * H, M, S)
+    if block_s is not None:  # keys per program forced: the split kernels, all queries per program
+        plan_m, plan_ns = max(16, min(64, next_pow2(M))), -(-S // block_s)
+    block_m = block_m or plan_m
+    num_splits = num_splits or plan_ns
     query_blocks = -(-M // block_m)
-    chunk = block_s or tree_attention_split(B * H * query_blocks, S)
-    num_splits = -(-S // chunk)
     dev = q.device
-    m = torch.empty(B * H, num_splits, M, dtype=torch.float32, device=dev)
-    l_sum = torch.empty(B * H, num_splits, M, dtype=torch.float32, device=dev)
-    acc = torch.empty(B * H, num_splits, M, d, dtype=torch.float32, device=dev)
     o = torch.empty(B, H, M, d, dtype=q.dtype, device=dev)
     if B == 0 or H == 0 or M == 0:
         return o
+    direct = num_splits == 1
+    parts = (1 if direct else B * H, 1 if direct else num_splits, 1 if direct else M)
+    m = torch.empty(parts, dtype=torch.float32, device=dev)
+    l_sum = torch.empty(parts, dtype=torch.float32, device=dev)
+    acc = torch.empty(*parts, 1 if direct else d, dtype=torch.float32, device=dev)
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
+    if kv_end is not None:
+        _check_end(kv_end, B, dev)
     block_d = max(16, next_pow2(d))
+    per = -(-S // num_splits)
     _tree_split_kernel[(B * H, num_splits, query_blocks)](
-        q, k, v, mask, m, l_sum, acc, H, H // Hkv, M, S, d, num_splits, chunk, scale,
+        q, k, v, mask, q if kv_end is None else kv_end, m, l_sum, acc, o, H, H // Hkv, M, S, d, num_splits, scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(), *v.stride(), smb, mask.stride(2),
-        mask.stride(3), BLOCK_M=block_m, BLOCK_S=64 if chunk % 64 == 0 else 32, BLOCK_D=block_d,
+        mask.stride(3), 0 if kv_end is None or kv_end.numel() == 1 else kv_end.stride(0), *o.stride(),
+        BLOCK_M=block_m, BLOCK_S=64 if per > 32 else 32, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
+        HAS_END=kv_end is not None, DIRECT=direct,
     )
-    _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
-                                   BLOCK_NS=next_pow2(num_splits), BLOCK_D=block_d)
+    if not direct:
+        _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
+                                       BLOCK_NS=next_pow2(num_splits), BLOCK_D=block_d)
     return o
 
 
+def _check_end(kv_end, B: int, device) -> None:
+    if not isinstance(kv_end, torch.Tensor) or kv_end.dtype not in (torch.int32, torch.int64) \
+            or kv_end.dim() != 1 or kv_end.shape[0] not in (1, B):
+        raise ValueError(f"tree_attention: kv_end must be an integer tensor of shape [B] = [{B}] or [1], got "
+                         f"{getattr(kv_end, 'dtype', type(kv_end).__name__)} {tuple(getattr(kv_end, 'shape', ()))}")
+    if kv_end.device != device:
+        raise ValueError(f"tree_attention: kv_end must be on {device} (a device tensor: no sync), got "
+                         f"{kv_end.device}")
+
+
+def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """``mask`` with every key at or past its row's ``kv_end`` hidden (``-inf``): what the kernels read."""
+    if kv_end is None:
+        return mask
+    past = torch.arange(mask.shape[-1], device=mask.device) >= kv_end.to(mask.device)[:, None]  # [B or 1, S]
+    return mask.expand(max(batch, mask.shape[0]), *mask.shape[1:]).masked_fill(past[:, None, None], float("-inf"))
+
+
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                   scale: float | None = None, *, block_s: int | None = None) -> torch.Tensor:
+                   scale: float | None = None, *, kv_end: torch.Tensor | None = None,
+                   block_s: int | None = None) -> torch.Tensor:
     """Attention of a verify bucket: ``M`` tree nodes per row and head over the ``S`` cached keys, under an
     additive mask (each node sees the committed keys, its ancestors and itself).
 
@@ -222,39 +312,44 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         k: Shape ``[B, H_kv, S, d]`` (the static cache's keys; any strides).
         v: Shape ``[B, H_kv, S, d]``.
         mask: Shape ``[B, 1, M, S]`` (or ``[1, 1, M, S]``), additive float: 0 where a key may be attended, a large
-            negative value (``torch.finfo(dtype).min`` or ``-inf``) where not. Every query must see at least one
-            key.
+            negative value (``torch.finfo(dtype).min`` or ``-inf``) where not. A query should see at least one
+            key; one that sees none under ``-inf`` (a bucket's padding) gets zeros where SDPA gives NaN.
         scale: softmax scale (default ``d ** -0.5``).
-        block_s: keys per program to force, a multiple of 32 (tests, benchmarks); default
-            :func:`tree_attention_split`.
+        kv_end: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional): row ``b``'s keys at or past
+            ``kv_end[b]`` are hidden whatever the mask says, and never read; the chunks split the keys below it
+            (read on the device: no sync, so a captured step keeps it).
+        block_s: keys per program to force, a multiple of 32 (tests, benchmarks: the split kernels with every
+            query of a row in one program); default :func:`tree_attention_plan`.
 
     Returns:
         Shape ``[B, H, M, d]`` in ``q``'s dtype.
 
     Raises:
-        ValueError: shapes that do not match, or a boolean mask, naming the argument.
+        ValueError: shapes that do not match, a boolean mask or a bad ``kv_end``, naming the argument.
     """
     check_inputs("tree_attention", q, k, v, mask)
     if q.shape[2] > TREE_ATTENTION_MAX_M or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        return tree_attention_ref(q, k, v, mask, scale)  # long forwards; training (the kernels have no backward)
+        # long forwards; training (the kernels have no backward)
+        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end)
     if get_kernel_mode() == "auto":
         on_cuda = all(t.is_cuda for t in (q, k, v, mask)) and triton_available()
         if on_cuda and torch.compiler.is_compiling():  # an opaque op for inductor
-            return torch.ops.specdec.tree_attention(q, k, v, mask, scale)
+            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end)
         if on_cuda:  # eagerly (and inside CUDA graphs) the launcher itself: no dispatcher on the hot path
-            return _tree_attention_triton(q, k, v, mask, scale, block_s)
-        return tree_attention_ref(q, k, v, mask, scale)
+            return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end)
+        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end)
     if use_kernel("tree_attention", q, k, v, mask):  # forced: the kernel (under the interpreter on CPU)
-        return _tree_attention_triton(q, k, v, mask, scale, block_s)
-    return tree_attention_ref(q, k, v, mask, scale)
+        return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end)
+    return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end)
 
 
 if triton_available():
     @torch.library.custom_op("specdec::tree_attention", mutates_args=())
     def _tree_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                           scale: float | None) -> torch.Tensor:
-        return _tree_attention_triton(q, k, v, mask, scale)
+                           scale: float | None, kv_end: torch.Tensor | None = None) -> torch.Tensor:
+        return _tree_attention_triton(q, k, v, mask, scale, kv_end=kv_end)
 
     @_tree_attention_op.register_fake
-    def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
+    def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+          kv_end: torch.Tensor | None = None) -> torch.Tensor:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
