@@ -95,6 +95,20 @@ def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits):
                                tree_attention_ref(q, k, v, mask, kv_end=one), atol=2e-5, rtol=1e-4)
 
 
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_shared_mask_with_a_bound_per_row(device):
+    """One mask for every row (``[1, 1, M, S]``) and a different end per row: the reference expands the mask."""
+    q, k, v, mask = _case(3, 2, 2, 5, 96, 16, seed=7, device=device)
+    mask = mask[:1]
+    kv_end = torch.tensor([96, 70, 40], device=device)
+    mask[..., :30] = 0.0  # every row sees its first 30 slots at least
+    out = _tree_attention_triton(q, k, v, mask, None, kv_end=kv_end)
+    ref = tree_attention_ref(q, k, v, mask, kv_end=kv_end)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(ref[2], tree_attention_ref(q, k, v, mask)[2])  # the bound changed row 2's result
+
+
 @pytest.mark.parametrize("bad", [torch.tensor([3.0]), torch.tensor([[3]]), torch.tensor([3, 4, 5])])
 def test_a_bad_kv_end_is_named(bad):
     q, k, v, mask = _case(2, 2, 2, 4, 40, 8)
