@@ -43,7 +43,6 @@ class GenerateOutput(NamedTuple):
     stats: GenerationStats
 
 
-@torch.no_grad()
 def _check_device(target, input_ids: torch.Tensor) -> None:
     """A prompt on another device than the target's weights: a ``ValueError`` saying how to move it."""
     embed = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
@@ -55,6 +54,7 @@ def _check_device(target, input_ids: torch.Tensor) -> None:
                          f"move the prompt (input_ids.to({str(weight.device)!r}), and the attention mask with it)")
 
 
+@torch.no_grad()
 def generate(
     target,
     input_ids,

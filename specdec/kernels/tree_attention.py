@@ -226,14 +226,19 @@ def tree_attention_plan(rows_heads: int, queries: int, keys: int) -> tuple[int, 
         ``(BLOCK_M, num_splits)``; one split means one launch.
     """
     if rows_heads * -(-queries // 64) >= 256:
-        return max(16, min(64, next_pow2(queries))), 1
+        return _row_block(queries), 1
     if rows_heads * -(-queries // 32) >= 128:
         return 32, 1
     if rows_heads * -(-queries // 16) >= 96:
         return 16, 2
-    block_m = max(16, min(64, next_pow2(queries)))
+    block_m = _row_block(queries)
     programs = rows_heads * -(-queries // block_m)
     return block_m, -(-keys // tree_attention_split(programs, keys))
+
+
+def _row_block(queries: int) -> int:
+    """``BLOCK_M`` holding all of a row's queries (16 to 64)."""
+    return max(16, min(64, next_pow2(queries)))
 
 
 def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, block_m=None,
@@ -242,7 +247,7 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, b
     scale = d ** -0.5 if scale is None else float(scale)
     plan_m, plan_ns = tree_attention_plan(B * H, M, S)
     if block_s is not None:  # keys per program forced: the split kernels, all queries per program
-        plan_m, plan_ns = max(16, min(64, next_pow2(M))), -(-S // block_s)
+        plan_m, plan_ns = _row_block(M), -(-S // block_s)
     block_m = block_m or plan_m
     num_splits = num_splits or plan_ns
     query_blocks = -(-M // block_m)
@@ -251,10 +256,12 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, b
     if B == 0 or H == 0 or M == 0:
         return o
     direct = num_splits == 1
-    parts = (1 if direct else B * H, 1 if direct else num_splits, 1 if direct else M)
-    m = torch.empty(parts, dtype=torch.float32, device=dev)
-    l_sum = torch.empty(parts, dtype=torch.float32, device=dev)
-    acc = torch.empty(*parts, 1 if direct else d, dtype=torch.float32, device=dev)
+    if direct:  # the output is written by the one launch: no partial sums (the kernel never reads these pointers)
+        m = l_sum = acc = o
+    else:
+        m = torch.empty(B * H, num_splits, M, dtype=torch.float32, device=dev)
+        l_sum = torch.empty(B * H, num_splits, M, dtype=torch.float32, device=dev)
+        acc = torch.empty(B * H, num_splits, M, d, dtype=torch.float32, device=dev)
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
     if kv_end is not None:
         _check_end(kv_end, B, dev)
