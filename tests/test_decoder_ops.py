@@ -46,9 +46,9 @@ def test_add_rms_norm_equals_the_residual_add_then_hf_norm(device, residual):
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("nh,nk", [(4, 2), (2, 2)])
-def test_rope_store_rotates_q_and_k_and_writes_k_and_v_at_their_slots(device, nh, nk):
-    B, M, d, S = 2, 3, 16, 10
+@pytest.mark.parametrize("nh,nk,d", [(4, 2, 16), (2, 2, 16), (20, 2, 128)])  # the last: two blocks of 16 heads
+def test_rope_store_rotates_q_and_k_and_writes_k_and_v_at_their_slots(device, nh, nk, d):
+    B, M, S = 2, 3, 10
     qkv = _randn(B, M, nh + 2 * nk + 1, d, seed=4, device=device)[:, :, 1:]  # strided heads, as a view
     cos, sin = _randn(B, M, 1, d, seed=5, device=device), _randn(B, M, 1, d, seed=6, device=device)
     slots = torch.tensor([5, 2, 7], device=device)

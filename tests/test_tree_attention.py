@@ -17,6 +17,7 @@ from specdec.kernels import (
     interpreter_enabled,
     kernel_mode,
     tree_attention,
+    tree_attention_launch,
     tree_attention_plan,
     tree_attention_ref,
     tree_attention_split,
@@ -73,8 +74,9 @@ def test_chunks_hidden_whole_by_minus_infinity_and_a_shared_mask_are_handled(dev
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_m,splits", [(16, 1), (32, 1), (16, 3), (64, 2), (None, None)])
-def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits):
+@pytest.mark.parametrize("block_m,splits,tile", [(16, 1, None), (32, 1, None), (16, 3, 128), (64, 2, None),
+                                                 (None, None, None)])
+def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits, tile):
     """Every plan (one launch, or split keys and a merge) with a per-row end: the keys past it hold NaN, which a
     kernel that read them would return. The result equals the reference under the same bound."""
     q, k, v, mask = _case(2, 4, 2, 12, 320, 16, seed=5, device=device)
@@ -85,7 +87,8 @@ def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits):
     for b, end in enumerate(kv_end.tolist()):
         k_nan[b, :, end:] = float("nan")
         v_nan[b, :, end:] = float("nan")
-    out = _tree_attention_triton(q, k_nan, v_nan, mask, None, kv_end=kv_end, block_m=block_m, num_splits=splits)
+    out = _tree_attention_triton(q, k_nan, v_nan, mask, None, kv_end=kv_end, block_m=block_m, num_splits=splits,
+                                 tile_s=tile)  # 128-key tiles: a chunk's keys in one or two tiles
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, tree_attention_ref(q, k, v, mask, kv_end=kv_end), atol=2e-5, rtol=1e-4)
     one = torch.tensor([97], device=device, dtype=torch.int32)  # one bound for every row
@@ -119,11 +122,13 @@ def test_a_bad_kv_end_is_named(bad):
 def test_the_plan_fills_the_gpu_with_query_blocks_or_splits_the_keys():
     assert tree_attention_plan(32 * 16, 61, 1216) == (64, 1)  # Llama-2-7B's verify forward, 16 rows: one launch
     assert tree_attention_plan(32 * 4, 61, 1216) == (32, 1)  # 4 rows: one launch, 32 queries per program
-    assert tree_attention_plan(32, 60, 1216) == (16, 2)  # one row: blocks of 16 queries, two chunks of keys
-    block_m, splits = tree_attention_plan(5, 64, 512)  # the fixture's 5 heads: all queries per program, split keys
-    assert block_m == 64 and splits > 1
+    assert tree_attention_plan(32, 60, 1216) == (32, 2)  # one row: blocks of 32 queries, two chunks of keys
+    block_m, splits = tree_attention_plan(5, 64, 512)  # the fixture's 5 heads: 32 queries per program, split keys
+    assert block_m == 32 and splits == 8
     block_m, splits = tree_attention_plan(32, 10, 1200)  # an EAGLE head's level: 32 programs, split keys
-    assert block_m == 16 and splits == -(-1200 // tree_attention_split(32, 1200)) > 1
+    assert block_m == 16 and splits == min(8, -(-1200 // tree_attention_split(32, 1200))) > 1
+    assert tree_attention_launch(32, 10, 1200, 128)[2:] == (128, 8, 1)  # wide heads: 128-key tiles, 8 warps
+    assert tree_attention_launch(5, 64, 512, 64)[2:] == (64, 4, 1)
 
 
 @needs_kernel

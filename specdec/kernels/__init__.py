@@ -51,11 +51,12 @@ from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
 from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, topk_rows, topk_rows_ref
 from .tree_attention import (
-    TREE_ATTENTION_MAX_M,
-    tree_attention,
-    tree_attention_plan,
-    tree_attention_ref,
-    tree_attention_split,
+                        TREE_ATTENTION_MAX_M,
+                        tree_attention,
+                        tree_attention_launch,
+                        tree_attention_plan,
+                        tree_attention_ref,
+                        tree_attention_split,
 )
 from .tree_mask import TreeMask, head_tree_mask, head_tree_mask_ref, tree_mask, tree_mask_ref
 from .verify import (
@@ -84,6 +85,7 @@ __all__ = [
     "decode_attention", "decode_attention_ref", "decode_split",
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
-    "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_plan", "tree_attention_ref", "tree_attention_split",
+    "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan", "tree_attention_ref",
+    "tree_attention_split",
     "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref",
 ]

@@ -145,34 +145,33 @@ def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
 @jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, q_ptr, M, NH, NK, D,
                        s_b, s_m, s_h, c_b, c_m, n_b, n_m, k_b, k_h, k_s, v_b, v_h, v_s, q_b, q_h, q_m,
-                       BLOCK_D: tl.constexpr):
-    """One program per (row * token, head): q heads rotated to ``q``, k heads rotated and v heads copied to their
-    cache slot."""
+                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (row * token, block of ``BLOCK_H`` heads): its q heads rotated to ``q``, k heads rotated
+    and v heads copied to the token's cache slot (each head's stores masked to its kind)."""
     bm = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
+    j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # head index within [q; k; v]
     b = bm // M
     m = bm % M
     half = D // 2
     dims = tl.arange(0, BLOCK_D)
-    inside = dims < D
-    base = qkv_ptr + b * s_b + m * s_m + j * s_h
-    x = tl.load(base + dims, mask=inside, other=0.0)
-    if j < NH + NK:
-        swapped = tl.load(base + tl.where(dims < half, dims + half, dims - half), mask=inside, other=0.0)
-        c = tl.load(cos_ptr + b * c_b + m * c_m + dims, mask=inside, other=0.0)
-        s = tl.load(sin_ptr + b * n_b + m * n_m + dims, mask=inside, other=0.0)
-        scaled = (x.to(tl.float32) * c.to(tl.float32)).to(x.dtype)  # x * cos, rounded as torch does
-        y = (scaled.to(tl.float32) + swapped.to(tl.float32) * s.to(tl.float32)).to(x.dtype)  # addcmul: one rounding
-        if j < NH:
-            tl.store(q_ptr + b * q_b + j * q_h + m * q_m + dims, y, mask=inside)
-        else:
-            slot = tl.load(slot_ptr + m)
-            tl.store(k_ptr + b * k_b + (j - NH) * k_h + slot * k_s + dims, y.to(k_ptr.dtype.element_ty),
-                     mask=inside)
-    else:
-        slot = tl.load(slot_ptr + m)
-        tl.store(v_ptr + b * v_b + (j - NH - NK) * v_h + slot * v_s + dims, x.to(v_ptr.dtype.element_ty),
-                 mask=inside)
+    d_in = dims < D
+    live = (j < NH + 2 * NK)[:, None] & d_in[None, :]
+    rows = qkv_ptr + b * s_b + m * s_m + j[:, None] * s_h
+    x = tl.load(rows + dims[None, :], mask=live, other=0.0)
+    swapped = tl.load(rows + tl.where(dims < half, dims + half, dims - half)[None, :], mask=live, other=0.0)
+    c = tl.load(cos_ptr + b * c_b + m * c_m + dims, mask=d_in, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + b * n_b + m * n_m + dims, mask=d_in, other=0.0).to(tl.float32)[None, :]
+    scaled = (x.to(tl.float32) * c).to(x.dtype)  # x * cos, rounded as torch does
+    y = (scaled.to(tl.float32) + swapped.to(tl.float32) * s).to(x.dtype)  # addcmul: one rounding
+    slot = tl.load(slot_ptr + m)
+    is_q = (j < NH)[:, None] & live
+    is_k = ((j >= NH) & (j < NH + NK))[:, None] & live
+    is_v = (j >= NH + NK)[:, None] & live
+    tl.store(q_ptr + b * q_b + j[:, None] * q_h + m * q_m + dims[None, :], y, mask=is_q)
+    tl.store(k_ptr + b * k_b + (j - NH)[:, None] * k_h + slot * k_s + dims[None, :], y.to(k_ptr.dtype.element_ty),
+             mask=is_k)
+    tl.store(v_ptr + b * v_b + (j - NH - NK)[:, None] * v_h + slot * v_s + dims[None, :],
+             x.to(v_ptr.dtype.element_ty), mask=is_v)
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, keys: torch.Tensor,
@@ -221,11 +220,14 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k
         raise ValueError("rope_store: the cache tensors need unit stride along d")
     q = torch.empty(B, nh, M, d, dtype=qkv.dtype, device=qkv.device)
     if B * M:
-        _rope_store_kernel[(B * M, heads)](
+        block_d = next_pow2(d)
+        block_h = max(1, min(next_pow2(heads), 2048 // block_d))  # ~2k elements per program (16 heads of 128)
+        _rope_store_kernel[(B * M, -(-heads // block_h))](
             qkv, cos, sin_signed, keys, values, slots, q, M, nh, nk, d,
             qkv.stride(0), qkv.stride(1), qkv.stride(2), cos.stride(0), cos.stride(1), sin_signed.stride(0),
             sin_signed.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
-            values.stride(1), values.stride(2), q.stride(0), q.stride(1), q.stride(2), BLOCK_D=next_pow2(d),
+            values.stride(1), values.stride(2), q.stride(0), q.stride(1), q.stride(2), BLOCK_H=block_h,
+            BLOCK_D=block_d,
         )
     return q
 

@@ -5,7 +5,7 @@ slot of the static cache under an additive mask (committed keys, the nodes' ance
 (row, head, block of queries) one program that walks all ``S`` keys alone: with the fixture's 5 heads that is five
 programs for a whole GPU, and on the H200 cuDNN's kernel took 13.7 us per layer for the fixture's verify forward and
 32.7 us per layer for Llama-2-7B's (64 nodes over ~1,200 slots; 1.24 ms of a 7.8 ms EAGLE-2 step). Here one
-program per (row, head, chunk of keys, block of queries) walks its chunk in tiles of 32 or 64 keys, each tile's
+program per (row, head, chunk of keys, block of queries) walks its chunk in tiles of 32 to 128 keys, each tile's
 scores one ``tl.dot`` for all the queries, keeping their softmax statistics (max ``m``, sum ``l``) and weighted
 values online; a second launch merges the chunks (``o = sum_c e^{m_c - m} acc_c / sum_c e^{m_c - m} l_c``), as
 flash-decoding does for one query. When (row, head, block of 32 queries) programs alone fill the GPU (a 7B model's
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from ._dispatch import get_kernel_mode, triton_available, use_kernel
 from ._triton import INTERPRETED, jit, next_pow2, tl
 
-__all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_plan", "tree_attention_ref",
-           "tree_attention_split"]
+__all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan",
+           "tree_attention_ref", "tree_attention_split"]
 
 #: The most queries per row the kernels take (a verify bucket); longer forwards (a prefill) run the reference.
 TREE_ATTENTION_MAX_M = 128
@@ -102,7 +102,7 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
 
 def tree_attention_split(programs: int, keys: int) -> int:
     """Keys per program (a multiple of 32): enough chunks for about 256 programs in all (``programs`` = rows x heads
-    x query blocks), fewer when the keys run out. Each program walks its chunk in tiles of 32 or 64 keys; every
+    x query blocks), fewer when the keys run out. Each program walks its chunk in tiles of 32 to 128 keys; every
     chunk adds ``M x d`` float32 partial sums to write and merge, so the chunks are no smaller than needed."""
     splits = max(1, min(-(-256 // max(programs, 1)), -(-keys // 32)))
     per = -(-keys // splits)
@@ -203,19 +203,8 @@ def _tree_merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, H, M, D, NS, sob, soh, som,
 
 
 def tree_attention_plan(rows_heads: int, queries: int, keys: int) -> tuple[int, int]:
-    """``(BLOCK_M, num_splits)``: queries per program and chunks of keys per row and head.
-
-    Measured on the H200 (bf16, 128-wide heads, a 1,216-slot cache of which 620 live; session 13):
-
-    - at least 256 (row, head, block of 64 queries) programs (Llama-2-7B's 32 heads, a 64-node bucket, 8 rows or
-      more): 64 queries per program over all the keys, one launch, no partial sums (batch 16: SDPA 152 us; 113 us
-      in session 12 without ``kv_end``, 139 with 32 queries per program);
-    - else at least 128 (row, head, block of 32 queries) programs (4 rows): 32 queries per program, one launch
-      (30 us, SDPA 46);
-    - else at least 96 (row, head, block of 16 queries) programs (batch 1 of the same): 16 queries per program,
-      the keys in two chunks and a merge (16 us; one chunk 18, SDPA 34);
-    - else (few heads, or an EAGLE head's 10-node level): all the queries of a row (up to 64) per program, the
-      keys split as :func:`tree_attention_split` says, and a merge.
+    """``(BLOCK_M, num_splits)``: queries per program and chunks of keys per row and head (the first two fields of
+    :func:`tree_attention_launch`, which also picks the tile and the launch's warps and stages).
 
     Args:
         rows_heads: ``B x H``.
@@ -225,15 +214,49 @@ def tree_attention_plan(rows_heads: int, queries: int, keys: int) -> tuple[int, 
     Returns:
         ``(BLOCK_M, num_splits)``; one split means one launch.
     """
+    return tree_attention_launch(rows_heads, queries, keys)[:2]
+
+
+def tree_attention_launch(rows_heads: int, queries: int, keys: int,
+                          head_dim: int = 128) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, num_splits, BLOCK_S, num_warps, num_stages)`` of a call: queries per program, chunks of keys,
+    keys per tile, and the launch's warps and software-pipelining stages.
+
+    Measured on the H200 (bf16, a 1,216-slot cache of which 620 live, 128-wide heads unless said; sessions 13 and
+    14's sweeps, ``docs/results/fast_s14``):
+
+    - at least 256 (row, head, block of 64 queries) programs (Llama-2-7B's 32 heads, a 64-node bucket, 8 rows or
+      more): 64 queries per program over all the keys, one launch, no partial sums, 4 warps without pipelining
+      (batch 16: 96 us; 130 with the default 3 stages; SDPA 152);
+    - else at least 128 (row, head, block of 32 queries) programs (4 rows): 32 queries per program, one launch
+      (29 us, SDPA 45);
+    - else at least 96 (row, head, block of 16 queries) programs (batch 1 of the same): 32 queries per program,
+      the keys in two chunks and a merge, 8 warps (14.5 us; 16 queries per program 15.4, one chunk 19; SDPA 34);
+    - else (few heads, or an EAGLE head's 10-node level): all the queries of a row up to 32 per program, at most
+      eight chunks (:func:`tree_attention_split`) and a merge, one stage; 128-key tiles and 8 warps for
+      128-wide heads (a 7B head's level of 10 nodes over 600 keys: 8.5 us, was 11.5; the fixture's 5 heads of 64
+      over 300 keys: 5.6 us, was 6.3).
+
+    Args:
+        rows_heads: ``B x H``.
+        queries: ``M``.
+        keys: ``S``.
+        head_dim: ``d``.
+
+    Returns:
+        ``(BLOCK_M, num_splits, BLOCK_S, num_warps, num_stages)``.
+    """
     if rows_heads * -(-queries // 64) >= 256:
-        return _row_block(queries), 1
+        return _row_block(queries), 1, 64, 4, 1
     if rows_heads * -(-queries // 32) >= 128:
-        return 32, 1
+        return 32, 1, 64, 4, 3
     if rows_heads * -(-queries // 16) >= 96:
-        return 16, 2
-    block_m = _row_block(queries)
+        return 32, 2, 64, 8, 3
+    block_m = min(32, _row_block(queries))
     programs = rows_heads * -(-queries // block_m)
-    return block_m, -(-keys // tree_attention_split(programs, keys))
+    splits = min(8, -(-keys // tree_attention_split(programs, keys)))
+    wide = head_dim >= 128
+    return block_m, splits, 128 if wide else 64, 8 if wide else 4, 1
 
 
 def _row_block(queries: int) -> int:
@@ -242,14 +265,15 @@ def _row_block(queries: int) -> int:
 
 
 def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, block_m=None,
-                           num_splits=None) -> torch.Tensor:
+                           num_splits=None, tile_s=None, num_warps=None, num_stages=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
-    plan_m, plan_ns = tree_attention_plan(B * H, M, S)
+    plan = list(tree_attention_launch(B * H, M, S, d))
     if block_s is not None:  # keys per program forced: the split kernels, all queries per program
-        plan_m, plan_ns = _row_block(M), -(-S // block_s)
-    block_m = block_m or plan_m
-    num_splits = num_splits or plan_ns
+        plan[:2] = _row_block(M), -(-S // block_s)
+    for i, forced in enumerate((block_m, num_splits, tile_s, num_warps, num_stages)):
+        plan[i] = forced or plan[i]
+    block_m, num_splits, tile_s, num_warps, num_stages = plan
     query_blocks = -(-M // block_m)
     dev = q.device
     o = torch.empty(B, H, M, d, dtype=q.dtype, device=dev)
@@ -266,14 +290,13 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, b
     if kv_end is not None:
         _check_end(kv_end, B, dev)
     block_d = max(16, next_pow2(d))
-    per = -(-S // num_splits)
     _tree_split_kernel[(B * H, num_splits, query_blocks)](
         q, k, v, mask, q if kv_end is None else kv_end, m, l_sum, acc, o, H, H // Hkv, M, S, d, num_splits, scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(), *v.stride(), smb, mask.stride(2),
         mask.stride(3), 0 if kv_end is None or kv_end.numel() == 1 else kv_end.stride(0), *o.stride(),
-        BLOCK_M=block_m, BLOCK_S=64 if per > 32 else 32, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_S=tile_s, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
-        HAS_END=kv_end is not None, DIRECT=direct,
+        HAS_END=kv_end is not None, DIRECT=direct, num_warps=num_warps, num_stages=num_stages,
     )
     if not direct:
         _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
