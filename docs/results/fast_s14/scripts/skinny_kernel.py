@@ -19,10 +19,10 @@ differs); float32 inputs multiply in full float32 (no TF32).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from specdec.kernels._dispatch import use_kernel
 from specdec.kernels._triton import INTERPRETED, as_rows, jit, next_pow2, tl
+from specdec.kernels.gemv import _check, linear_rows_ref
 
 __all__ = ["SKINNY_MAX_ROWS", "linear_skinny", "linear_skinny_ref", "skinny_config"]
 
@@ -30,18 +30,7 @@ __all__ = ["SKINNY_MAX_ROWS", "linear_skinny", "linear_skinny_ref", "skinny_conf
 SKINNY_MAX_ROWS = 64
 
 
-def linear_skinny_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Reference for :func:`linear_skinny`: ``F.linear(x, weight, bias)``.
-
-    Args:
-        x: Shape ``[..., K]``.
-        weight: Shape ``[N, K]``.
-        bias: Shape ``[N]`` or ``None``.
-
-    Returns:
-        Shape ``[..., N]`` in ``x``'s dtype.
-    """
-    return F.linear(x, weight, bias)
+linear_skinny_ref = linear_rows_ref  # F.linear (this record shares the GEMV module's reference and checks)
 
 
 def skinny_config(rows: int, n: int, k: int, sms: int = 132) -> tuple[int, int, int, int, int]:
@@ -110,20 +99,6 @@ def _skinny_sum_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLIT, sym, HAS_BIAS: tl.co
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * sym + n, acc.to(y_ptr.dtype.element_ty), mask=n_in)
-
-
-def _check(x, weight, bias) -> tuple[int, int, int]:
-    if not isinstance(x, torch.Tensor) or x.dim() < 1 or not x.dtype.is_floating_point:
-        raise ValueError("linear_skinny: x must be a float tensor of shape [..., K]")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise ValueError(f"linear_skinny: weight must have shape [N, K] with K = x.shape[-1] = {x.shape[-1]}, "
-                         f"got {tuple(getattr(weight, 'shape', ()))}")
-    if weight.dtype != x.dtype:
-        raise ValueError(f"linear_skinny: x ({x.dtype}) and weight ({weight.dtype}) must share a dtype (cast x)")
-    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],)):
-        raise ValueError(f"linear_skinny: bias must have shape [N] = [{weight.shape[0]}] or be None")
-    rows = x.numel() // max(x.shape[-1], 1)
-    return rows, weight.shape[0], weight.shape[1]
 
 
 def _cdiv(a: int, b: int) -> int:
