@@ -53,6 +53,7 @@ from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rop
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
 from .nn.attention import masked_sdpa_kernel, use_tree_attention
+from .nn.inference import use_fused_layers
 
 __all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels", "decode_settings"]
 
@@ -117,7 +118,8 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
     always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), and ``attention``, whether one-token
     forwards attend with :func:`specdec.kernels.decode_attention` or SDPA, and ``fused_ops``, whether the residual
     adds + norms, RoPE + cache writes and SiLU-mul run as the fused kernels of :mod:`specdec.kernels.decoder_ops`
-    or as torch ops, and ``tree_attention``, whether forwards of 2 to
+    or as torch ops (the draft heads' blocks too: :func:`specdec.nn.inference.use_fused_layers`),
+    and ``tree_attention``, whether forwards of 2 to
     :data:`~specdec.kernels.TREE_ATTENTION_MAX_M` tokens under a mask (tree verification, the EAGLE heads'
     levels through :func:`specdec.nn.masked_attention`) attend with :func:`specdec.kernels.tree_attention` or SDPA
     (defaults: ``attention=False``, ``fused_ops=True``, ``tree_attention=True``, as measured on the H200).
@@ -145,11 +147,13 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
         if value is not None:
             _DECODE_DEFAULTS[key] = value
     use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
+    use_fused_layers(_DECODE_DEFAULTS["fused_ops"])
     try:
         yield
     finally:
         _DECODE_DEFAULTS.update(before)
         use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
+        use_fused_layers(_DECODE_DEFAULTS["fused_ops"])
 
 
 def decode_settings() -> dict:

@@ -65,6 +65,32 @@ def test_rope_store_rotates_q_and_k_and_writes_k_and_v_at_their_slots(device, nh
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
+def test_rope_store_with_per_row_slots_and_a_plain_sin_matches_apply_rotary(device):
+    """The draft heads' call: RotaryEmbedding's [B, 1, M, d] tables (sin not negated), one slot per row and token."""
+    from specdec.nn import RotaryEmbedding, apply_rotary
+
+    B, M, S, nh, nk, d = 2, 3, 9, 4, 2, 16
+    qkv = _randn(B, M, nh + 2 * nk, d, seed=8, device=device)
+    positions = torch.tensor([[4, 5, 6], [0, 1, 2]], device=device)
+    cos, sin = RotaryEmbedding(d).to(device)(positions, torch.float32)  # [B, 1, M, d]
+    slots = torch.tensor([[4, 5, 6], [8, 1, 2]], device=device)
+    caches = [torch.zeros(B, nk, S, d, device=device) for _ in range(4)]
+    with kernel_mode("triton"):
+        q = rope_store(qkv, cos, sin, caches[0], caches[1], slots, nh, signed=False)
+    q_ref = rope_store_ref(qkv, cos, sin, caches[2], caches[3], slots, nh, signed=False)
+    heads = qkv.transpose(1, 2)  # [B, nh + 2 nk, M, d]
+    q_nn, k_nn = apply_rotary(heads[:, :nh], cos, sin), apply_rotary(heads[:, nh:nh + nk], cos, sin)
+    for got in (q, q_ref):
+        torch.testing.assert_close(got, q_nn, atol=1e-6, rtol=1e-5)
+    for keys, values in (caches[:2], caches[2:]):
+        for b in range(B):
+            torch.testing.assert_close(keys[b][:, slots[b]], k_nn[b], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(values[b][:, slots[b]], heads[b, nh + nk:], atol=0, rtol=0)
+        assert keys[0][:, [0, 1, 2, 3, 7, 8]].abs().sum() == 0 and keys[1][:, [0, 3, 4, 5, 6, 7]].abs().sum() == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 def test_silu_mul_equals_silu_gate_times_up(device):
     gate_up = _randn(2, 3, 2 * 1100, seed=7, device=device)  # wider than one program's block
     with kernel_mode("triton"):
@@ -97,6 +123,8 @@ def test_bad_inputs_are_named():
         rope_store(qkv, torch.ones(1, 2, 4), torch.ones(1, 2, 4), keys, keys.clone(), torch.tensor([0, 1]), 3)
     with pytest.raises(ValueError, match="slots must have shape"):
         rope_store(qkv, torch.ones(1, 2, 4), torch.ones(1, 2, 4), keys, keys.clone(), torch.tensor([0]), 4)
+    with pytest.raises(ValueError, match="slots must have shape"):
+        rope_store(qkv, torch.ones(1, 2, 4), torch.ones(1, 2, 4), keys, keys.clone(), torch.zeros(2, 2).long(), 4)
     with pytest.raises(ValueError, match="2 I"):
         silu_mul(torch.randn(3, 5))
 

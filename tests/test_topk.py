@@ -9,6 +9,8 @@ from specdec.kernels import (
     TOPK_MAX_N,
     interpreter_enabled,
     kernel_mode,
+    log_softmax_topk,
+    log_softmax_topk_ref,
     topk_rows,
     topk_rows_ref,
     triton_available,
@@ -45,6 +47,26 @@ def test_the_kernel_equals_a_stable_descending_sort(device, shape, k, ties):
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,k", [((10, 4096), 10), ((3, 100), 10), ((2, 5, 37), 7), ((6, 3), 3),
+                                     ((3, 32000), 10), ((2, 8193), 32), ((1, 4097), 1)])
+def test_log_softmax_topk_equals_log_softmax_then_a_stable_sort(device, shape, k):
+    """One row in one program, and rows in chunks whose log-sum-exp is merged from their statistics (32k)."""
+    x = _rows(shape, seed=shape[-1] + 2 * k, device=device) * 4
+    with kernel_mode("triton"):
+        values, indices = log_softmax_topk(x, k)
+    ref_values, ref_indices = log_softmax_topk_ref(x, k)
+    assert values.shape == (*shape[:-1], k) and values.dtype == torch.float32
+    assert torch.equal(indices, ref_indices)
+    torch.testing.assert_close(values, ref_values, atol=2e-5, rtol=1e-6)
+    x[..., :1] = float("-inf")  # a masked token: never drawn, the rest unchanged
+    with kernel_mode("triton"):
+        values, indices = log_softmax_topk(x, k)
+    torch.testing.assert_close(values, log_softmax_topk_ref(x, k)[0], atol=2e-5, rtol=1e-6)
+    assert not (indices == 0).any() or k == shape[-1]
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 def test_minus_infinity_comes_last_and_every_index_is_taken_once(device):
     """Rows with fewer finite entries than k (masked log-probs): -inf entries follow by ascending index, none twice."""
     x = torch.full((2, 9), float("-inf"), device=device)
@@ -60,6 +82,12 @@ def test_bf16_on_the_gpu_and_inside_torch_compile():
     x = _rows((10, 4096), seed=1, device="cuda", dtype=torch.bfloat16)
     values, indices = topk_rows(x, 10)
     assert values.dtype == torch.bfloat16 and torch.equal(indices, topk_rows_ref(x, 10)[1])
+    lp, ids = log_softmax_topk(x, 10)  # bf16 logits, float32 log-probabilities
+    ref_lp, ref_ids = log_softmax_topk_ref(x, 10)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp, ref_lp, atol=2e-5, rtol=1e-6)
+    compiled_lp = torch.compile(lambda t: log_softmax_topk(t, 10), fullgraph=True)(x)
+    assert torch.equal(compiled_lp[1], ref_ids)
     compiled = torch.compile(lambda t: topk_rows(torch.log_softmax(t.float(), -1), 10), fullgraph=True)
     cv, ci = compiled(x)
     rv, ri = topk_rows_ref(torch.log_softmax(x.float(), -1), 10)
@@ -135,3 +163,7 @@ def test_the_custom_op_traces_under_torch_compile(device):
     ref_values, ref_indices = topk_rows_ref(torch.log_softmax(x, -1), 5)
     assert values.shape == (3, 2, 5) and torch.equal(indices, ref_indices)
     torch.testing.assert_close(values, ref_values)
+    fused = torch.compile(lambda t: torch.ops.specdec.log_softmax_topk(t, 5), backend="aot_eager", fullgraph=True)
+    lp, ids = fused(x)
+    assert lp.dtype == torch.float32 and torch.equal(ids, ref_indices)
+    torch.testing.assert_close(lp, ref_values, atol=2e-5, rtol=1e-6)

@@ -282,13 +282,14 @@ class EagleDrafter:
         B = lengths.shape[0]
         device = lengths.device
         C, S0 = cache.capacity, self._scratch_start(cache)
+        mask_dtype = head.dtype if lengths.is_cuda else torch.bool
 
         def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
             F, S = tokens.shape[1], visible.shape[-1]
             slots = (S0 + S - F + torch.arange(F, device=device))[None].expand(B, F)
             # committed slots below each row's length, the policy's ancestor sets over the scratch slots, nothing
-            # else: one launch of the tree-mask family (bool, as before; masked_attention converts it on CUDA)
-            mask = head_tree_mask(lengths, visible, S0, C, torch.bool)
+            # else: one launch of the tree-mask family (on CUDA already additive, as the attention kernel takes it)
+            mask = head_tree_mask(lengths, visible, S0, C, mask_dtype)
             positions = (root_positions + (level - 1))[:, None].expand(B, F)
             out = head(tokens, parent_hidden, positions, mask, cache, slots)
             return head.logits(out), out

@@ -23,6 +23,7 @@ op                                          replaces                            
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
 :func:`silu_mul`                            SwiGLU's ``silu(gate) * up``             1
 :func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries)
+:func:`log_softmax_topk`                    ``log_softmax`` + ``torch.topk`` (same)   1 (2-3 past 4,096 entries)
 :func:`tree_attention`                      SDPA of a few queries (tree verification) 2
 =========================================== ======================================== ===================================
 
@@ -49,7 +50,7 @@ from .emit import (
 from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
-from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, topk_rows, topk_rows_ref
+from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, log_softmax_topk, log_softmax_topk_ref, topk_rows, topk_rows_ref
 from .tree_attention import (
                         TREE_ATTENTION_MAX_M,
                         tree_attention,
@@ -87,5 +88,5 @@ __all__ = [
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan", "tree_attention_ref",
     "tree_attention_split",
-    "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref",
+    "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk", "log_softmax_topk_ref",
 ]

@@ -115,17 +115,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 # ------------------------------------------------------------------------------------------- RoPE + KV store
 
 def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, keys: torch.Tensor,
-                   values: torch.Tensor, slots: torch.Tensor, num_heads: int) -> torch.Tensor:
+                   values: torch.Tensor, slots: torch.Tensor, num_heads: int, *, signed: bool = True) -> torch.Tensor:
     """Reference for :func:`rope_store`.
 
     Args:
         qkv: Shape ``[B, M, nh + 2 nk, d]``: the fused projection's output per head (q heads, k heads, v heads).
-        cos: Shape ``[B, M, 1, d]`` (or ``[B, M, d]``): the RoPE table at the tokens' positions.
-        sin_signed: like ``cos``, ``sin`` with its first half negated (``FusedDecoder``'s table).
+        cos: Shape ``[B, M, 1, d]`` (or ``[B, M, d]``, or ``[B, 1, M, d]`` as :class:`specdec.nn.RotaryEmbedding`
+            gives it): the RoPE table at the tokens' positions.
+        sin_signed: like ``cos``, ``sin`` with its first half negated (``FusedDecoder``'s table); with
+            ``signed=False`` the plain ``sin``.
         keys: Shape ``[B, nk, S, d]``, written in place at ``slots``.
         values: Shape ``[B, nk, S, d]``, written in place at ``slots``.
-        slots: Shape ``[M]`` int64, the cache slot of each of the ``M`` tokens (the same for every row).
+        slots: Shape ``[M]`` int64, the cache slot of each of the ``M`` tokens (the same for every row), or
+            ``[B, M]``, one per row and token (two equal slots of a row keep either token's entry: a trash slot).
         num_heads: ``nh``.
+        signed: whether ``sin_signed`` already has its first half negated.
 
     Returns:
         q after RoPE, Shape ``[B, nh, M, d]`` (a view).
@@ -133,19 +137,27 @@ def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     nh = num_heads
     B, M, heads, d = qkv.shape
     nk = (heads - nh) // 2
-    cos, sin_signed = cos.reshape(B, M, 1, d), sin_signed.reshape(B, M, 1, d)
-    qk, v = qkv[:, :, :nh + nk], qkv[:, :, nh + nk:]
     half = d // 2
+    cos, sin_signed = cos.reshape(B, M, 1, d), sin_signed.reshape(B, M, 1, d)
+    if not signed:  # -x_2 sin == x_2 (-sin): the same products, so the same rounding
+        sin_signed = torch.cat((-sin_signed[..., :half], sin_signed[..., half:]), dim=-1)
+    qk, v = qkv[:, :, :nh + nk], qkv[:, :, nh + nk:]
     qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin_signed)
-    keys.index_copy_(2, slots, qk[:, :, nh:].transpose(1, 2).to(keys.dtype))
-    values.index_copy_(2, slots, v.transpose(1, 2).to(values.dtype))
+    k = qk[:, :, nh:].to(keys.dtype)
+    if slots.dim() == 1:
+        keys.index_copy_(2, slots, k.transpose(1, 2))
+        values.index_copy_(2, slots, v.transpose(1, 2).to(values.dtype))
+    else:  # keys[rows, :, slots] is [B, M, nk, d]: the advanced indices come first
+        rows = torch.arange(B, device=slots.device)[:, None]
+        keys[rows, :, slots] = k
+        values[rows, :, slots] = v.to(values.dtype)
     return qk[:, :, :nh].transpose(1, 2)
 
 
 @jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, q_ptr, M, NH, NK, D,
-                       s_b, s_m, s_h, c_b, c_m, n_b, n_m, k_b, k_h, k_s, v_b, v_h, v_s, q_b, q_h, q_m,
-                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                       s_b, s_m, s_h, c_b, c_m, n_b, n_m, k_b, k_h, k_s, v_b, v_h, v_s, q_b, q_h, q_m, slot_b,
+                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SIGNED: tl.constexpr):
     """One program per (row * token, block of ``BLOCK_H`` heads): its q heads rotated to ``q``, k heads rotated
     and v heads copied to the token's cache slot (each head's stores masked to its kind)."""
     bm = tl.program_id(0).to(tl.int64)
@@ -161,9 +173,11 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, q_ptr,
     swapped = tl.load(rows + tl.where(dims < half, dims + half, dims - half)[None, :], mask=live, other=0.0)
     c = tl.load(cos_ptr + b * c_b + m * c_m + dims, mask=d_in, other=0.0).to(tl.float32)[None, :]
     s = tl.load(sin_ptr + b * n_b + m * n_m + dims, mask=d_in, other=0.0).to(tl.float32)[None, :]
+    if not SIGNED:  # a plain sin table: negate its first half (exact)
+        s = tl.where((dims < half)[None, :], -s, s)
     scaled = (x.to(tl.float32) * c).to(x.dtype)  # x * cos, rounded as torch does
     y = (scaled.to(tl.float32) + swapped.to(tl.float32) * s).to(x.dtype)  # addcmul: one rounding
-    slot = tl.load(slot_ptr + m)
+    slot = tl.load(slot_ptr + b * slot_b + m)
     is_q = (j < NH)[:, None] & live
     is_k = ((j >= NH) & (j < NH + NK))[:, None] & live
     is_v = (j >= NH + NK)[:, None] & live
@@ -175,7 +189,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, q_ptr,
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor, slots: torch.Tensor, num_heads: int) -> torch.Tensor:
+               values: torch.Tensor, slots: torch.Tensor, num_heads: int, *, signed: bool = True) -> torch.Tensor:
     """RoPE on the q and k heads of a fused projection, k and v written to their cache slots, q returned: one launch
     on CUDA (:func:`rope_store_ref` elsewhere).
 
@@ -184,12 +198,14 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k
 
     Args:
         qkv: Shape ``[B, M, nh + 2 nk, d]`` (unit stride along ``d``).
-        cos: Shape ``[B, M, 1, d]`` or ``[B, M, d]``.
-        sin_signed: like ``cos``.
+        cos: Shape ``[B, M, 1, d]``, ``[B, M, d]`` or ``[B, 1, M, d]`` (contiguous).
+        sin_signed: like ``cos`` (``signed=False``: the plain ``sin``).
         keys: Shape ``[B, nk, S, d]`` (unit stride along ``d``), written at ``slots``.
         values: Shape ``[B, nk, S, d]``, written at ``slots``.
-        slots: Shape ``[M]`` int64 (every slot below ``S``; no two equal).
+        slots: Shape ``[M]`` int64 (every slot below ``S``; no two equal), or ``[B, M]``, per row (two equal
+            slots of a row keep either token's entry: a trash slot).
         num_heads: ``nh``, the query heads.
+        signed: whether ``sin_signed`` has its first half negated (``False``: negated here, exactly).
 
     Returns:
         q after RoPE, Shape ``[B, nh, M, d]`` (on CUDA a new contiguous tensor; the reference returns a view).
@@ -205,12 +221,13 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k
     if keys.shape != values.shape or tuple(keys.shape[:2]) != (B, nk) or keys.shape[3] != d:
         raise ValueError(f"rope_store: keys/values must have shape [B, nk, S, d] = [{B}, {nk}, S, {d}], got "
                          f"{tuple(keys.shape)} / {tuple(values.shape)}")
-    if tuple(slots.shape) != (M,):
-        raise ValueError(f"rope_store: slots must have shape [M] = [{M}], got {tuple(slots.shape)}")
+    if tuple(slots.shape) not in ((M,), (B, M)):
+        raise ValueError(f"rope_store: slots must have shape [M] = [{M}] or [B, M] = [{B}, {M}], got "
+                         f"{tuple(slots.shape)}")
     if cos.numel() != B * M * d or sin_signed.numel() != B * M * d:
         raise ValueError(f"rope_store: cos/sin_signed must hold [B, M, d] = [{B}, {M}, {d}] values")
     if not use_kernel("rope_store", qkv, cos, sin_signed, keys, values, slots):
-        return rope_store_ref(qkv, cos, sin_signed, keys, values, slots, nh)
+        return rope_store_ref(qkv, cos, sin_signed, keys, values, slots, nh, signed=signed)
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     cos, sin_signed = cos.reshape(B, M, d), sin_signed.reshape(B, M, d)
@@ -218,6 +235,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k
         cos, sin_signed = cos.contiguous(), sin_signed.contiguous()
     if keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("rope_store: the cache tensors need unit stride along d")
+    if slots.stride(-1) != 1:
+        slots = slots.contiguous()
     q = torch.empty(B, nh, M, d, dtype=qkv.dtype, device=qkv.device)
     if B * M:
         block_d = next_pow2(d)
@@ -226,8 +245,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k
             qkv, cos, sin_signed, keys, values, slots, q, M, nh, nk, d,
             qkv.stride(0), qkv.stride(1), qkv.stride(2), cos.stride(0), cos.stride(1), sin_signed.stride(0),
             sin_signed.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
-            values.stride(1), values.stride(2), q.stride(0), q.stride(1), q.stride(2), BLOCK_H=block_h,
-            BLOCK_D=block_d,
+            values.stride(1), values.stride(2), q.stride(0), q.stride(1), q.stride(2),
+            slots.stride(0) if slots.dim() == 2 else 0, BLOCK_H=block_h, BLOCK_D=block_d, SIGNED=signed,
         )
     return q
 

@@ -16,6 +16,11 @@ ordinary values (they come last). NaN inputs are not supported.
 
 Under ``torch.compile`` the kernel is called as the custom op ``torch.ops.specdec.topk_rows`` (opaque to inductor,
 captured inside CUDA graphs like any kernel), so ``generate(fast="compile")`` keeps it.
+
+:func:`log_softmax_topk` is the draft tree's actual question, the ``k`` best *log-probabilities* of each row of
+logits: the same launches, the first also keeping each chunk's maximum and sum of exponentials, the last merging
+them into the row's log-sum-exp and subtracting it from the ``k`` winners (``torch.log_softmax`` of a 32,000-wide
+row in float32 and its cast were ~8 us per level on the H200, besides the top-k's own launches).
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ import torch
 from ._dispatch import get_kernel_mode, triton_available, use_kernel
 from ._triton import as_rows, jit, next_pow2, tl
 
-__all__ = ["TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref"]
+__all__ = ["TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk",
+           "log_softmax_topk_ref"]
 
 #: The most entries one program holds; longer rows are cut into chunks of at most this size, merged by more launches.
 TOPK_CHUNK = 4096
@@ -66,17 +72,26 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     Raises:
         ValueError: ``k`` outside ``[1, N]``, or ``x`` not floating point.
     """
+    return _dispatch(x, k, lse=False)
+
+
+def _dispatch(x: torch.Tensor, k: int, lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_rows` (``lse`` False) or :func:`log_softmax_topk`: the kernel or the reference."""
     _check(x, k)
+    name, ref = ("log_softmax_topk", log_softmax_topk_ref) if lse else ("topk_rows", topk_rows_ref)
     if x.shape[-1] > TOPK_MAX_N or k > TOPK_MAX_K or x.numel() == 0:
-        return topk_rows_ref(x, k)
+        return ref(x, k)
     mode = get_kernel_mode()
     if mode == "auto":
         if x.is_cuda and triton_available():  # the op under torch.compile (opaque to inductor), else the launcher
-            return torch.ops.specdec.topk_rows(x, k) if torch.compiler.is_compiling() else _topk_rows_triton(x, k)
-        return topk_rows_ref(x, k)
-    if use_kernel("topk_rows", x):  # forced: the kernel (under the interpreter on CPU)
-        return _topk_rows_triton(x, k)
-    return topk_rows_ref(x, k)
+            if torch.compiler.is_compiling():
+                op = torch.ops.specdec.log_softmax_topk if lse else torch.ops.specdec.topk_rows
+                return op(x, k)
+            return _topk_rows_triton(x, k, lse=lse)
+        return ref(x, k)
+    if use_kernel(name, x):  # forced: the kernel (under the interpreter on CPU)
+        return _topk_rows_triton(x, k, lse=lse)
+    return ref(x, k)
 
 
 def _check(x: torch.Tensor, k: int) -> None:
@@ -87,22 +102,42 @@ def _check(x: torch.Tensor, k: int) -> None:
 
 
 @jit
-def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, n, width, stride, K: tl.constexpr, BLOCK: tl.constexpr,
-                      GATHER: tl.constexpr):
+def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, n_stats, K: tl.constexpr,
+                      BLOCK: tl.constexpr, GATHER: tl.constexpr, STATS: tl.constexpr, LSE: tl.constexpr,
+                      MERGE: tl.constexpr, BLOCK_C: tl.constexpr):
     """One program per (row, chunk of ``width <= BLOCK`` entries): the chunk's ``K`` best, written at
-    ``[row, chunk, :]``. ``GATHER``: the entries are candidates; write their source indices (``src [row, n]``)."""
+    ``[row, chunk, :]``. ``GATHER``: the entries are candidates; write their source indices (``src [row, n]``).
+    ``STATS``: also write the chunk's maximum and sum of ``exp(x - max)`` at ``stat [row, chunk, 0:2]``. ``LSE``:
+    subtract the row's log-sum-exp from the values written: from this chunk (the whole row), or with ``MERGE``
+    from the ``n_stats`` chunks' statistics at ``stat``."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     lane = tl.arange(0, BLOCK)
     offs = chunk * width + lane
     inside = (lane < width) & (offs < n)
     x = tl.load(x_ptr + row * stride + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    shift = 0.0
+    if STATS or (LSE and not MERGE):  # this chunk's maximum and sum of exponentials
+        top = tl.max(x, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0)
+        if STATS:
+            tl.store(stat_ptr + (row * tl.num_programs(1) + chunk) * 2, top)
+            tl.store(stat_ptr + (row * tl.num_programs(1) + chunk) * 2 + 1, total)
+        if LSE:
+            shift = top + tl.log(total)
+    if LSE and MERGE:  # the row's chunks, merged: M + log(sum_c s_c exp(m_c - M))
+        c = tl.arange(0, BLOCK_C)
+        m_c = tl.load(stat_ptr + (row * n_stats + c) * 2, mask=c < n_stats, other=float("-inf"))
+        s_c = tl.load(stat_ptr + (row * n_stats + c) * 2 + 1, mask=c < n_stats, other=0.0)
+        big = tl.max(m_c, axis=0)
+        shift = big + tl.log(tl.sum(tl.where(c < n_stats, s_c * tl.exp(m_c - big), 0.0), axis=0))
     free = inside  # entries not taken yet (padding never)
     out = (row * tl.num_programs(1) + chunk) * K
     for j in tl.static_range(K):
         best = tl.max(tl.where(free, x, float("-inf")), axis=0)
         at = tl.min(tl.where(free & (x == best), offs, n + BLOCK), axis=0)
-        tl.store(v_ptr + out + j, best.to(v_ptr.dtype.element_ty))
+        tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
         if GATHER:
             tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
         else:
@@ -110,33 +145,81 @@ def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, n, width, stride, K: tl.cons
         free = free & (offs != at)
 
 
-def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *, lse: bool = False,
+                 stats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``[R, chunks, k]``: each chunk's k best values and indices (``src``: the candidates' source indices). Chunks
-    have equal widths (the last one shorter by less than their number), so each holds at least ``k`` entries."""
+    have equal widths (the last one shorter by less than their number), so each holds at least ``k`` entries.
+    ``lse``: float32 log-softmax values: a first launch (``src`` ``None``) of several chunks returns their statistics
+    ``[R, chunks, 2]`` for the last launch (one chunk), which subtracts the row's log-sum-exp (from ``stats``)."""
     R, n = rows.shape
     chunks = -(-n // TOPK_CHUNK)
     width = -(-n // chunks)
-    values = torch.empty(R, chunks, k, dtype=rows.dtype, device=rows.device)
+    values = torch.empty(R, chunks, k, dtype=torch.float32 if lse else rows.dtype, device=rows.device)
     indices = torch.empty(R, chunks, k, dtype=torch.long, device=rows.device)
+    keep = lse and src is None and chunks > 1  # the first launch of a row in chunks: keep their statistics
+    new_stats = torch.empty(R, chunks, 2, dtype=torch.float32, device=rows.device) if keep else None
+    apply = lse and chunks == 1
+    n_stats = stats.shape[1] if apply and stats is not None else 0
     if R:
         block = next_pow2(width)
-        _topk_rows_kernel[(R, chunks)](rows, rows if src is None else src, values, indices, n, width,
-                                       rows.stride(0), K=k, BLOCK=block, GATHER=src is not None,
+        _topk_rows_kernel[(R, chunks)](rows, rows if src is None else src, values, indices,
+                                       new_stats if keep else (stats if n_stats else values), n, width,
+                                       rows.stride(0), n_stats, K=k, BLOCK=block, GATHER=src is not None,
+                                       STATS=keep, LSE=apply, MERGE=n_stats > 0,
+                                       BLOCK_C=next_pow2(max(n_stats, 1)),
                                        num_warps=8 if block >= 4096 else 4)
-    return values, indices
+    return values, indices, new_stats if keep else stats
 
 
-def _topk_rows_triton(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_rows_triton(x: torch.Tensor, k: int, lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     rows = as_rows(x)
     R = rows.shape[0]
-    values, indices = _topk_launch(rows, k)
+    values, indices, stats = _topk_launch(rows, k, lse=lse)
     while values.shape[1] > 1:  # chunks: the k best of their candidates (in chunk order, so ties stay ascending)
-        values, indices = _topk_launch(values.view(R, -1), k, indices.view(R, -1))
+        values, indices, stats = _topk_launch(values.view(R, -1), k, indices.view(R, -1), lse=lse, stats=stats)
     lead = tuple(x.shape[:-1])
     return values.view(*lead, k), indices.view(*lead, k)
 
 
+def log_softmax_topk_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`log_softmax_topk` (same arguments and result):
+    ``topk_rows_ref(torch.log_softmax(logits.float(), -1), k)``."""
+    _check(logits, k)
+    return topk_rows_ref(torch.log_softmax(logits.float(), dim=-1), k)
+
+
+def log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest log-probabilities of each row of ``logits`` and their indices, without the
+    ``[..., V]`` log-softmax tensor: on CUDA the top-k kernel's launches (see the module docstring) with the rows'
+    log-sum-exp merged from the chunks' statistics; :func:`log_softmax_topk_ref` elsewhere (and where
+    :func:`topk_rows` would take the reference).
+
+    .. math::
+        \\log p_i = x_i - \\log \\textstyle\\sum_j e^{x_j}
+
+    The order is the logits' (descending, equal logits by ascending index); the values agree with the reference's
+    to float32 rounding (the log-sum-exp is summed chunk by chunk).
+
+    Args:
+        logits: Shape ``[..., V]``, floating point, no NaN.
+        k: ``1 <= k <= V``.
+
+    Returns:
+        ``(log-probabilities [..., k] float32, indices [..., k] int64)``.
+    """
+    return _dispatch(logits, k, lse=True)
+
+
 if triton_available():
+    @torch.library.custom_op("specdec::log_softmax_topk", mutates_args=())
+    def _log_softmax_topk_op(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _topk_rows_triton(logits, k, lse=True)
+
+    @_log_softmax_topk_op.register_fake
+    def _(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lead = tuple(logits.shape[:-1])
+        return logits.new_empty(*lead, k, dtype=torch.float32), logits.new_empty(*lead, k, dtype=torch.long)
+
     @torch.library.custom_op("specdec::topk_rows", mutates_args=())
     def _topk_rows_op(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return _topk_rows_triton(x, k)

@@ -7,6 +7,8 @@
   may use (:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`; cuDNN too inside captured steps:
   :func:`fixed_shape_attention`).
 - :mod:`specdec.nn.rope`: :class:`RotaryEmbedding` (owns its ``inv_freq`` buffer), :func:`apply_rotary`.
+- :mod:`specdec.nn.inference`: the blocks' fused inference path on CUDA (fused projections, the one-launch kernels
+  of :mod:`specdec.kernels.decoder_ops`), :func:`use_fused_layers` to turn it off.
 - :mod:`specdec.nn.linear`: :func:`zero_linear`, the ``nn.Linear`` every block uses: built without drawing from
   the global RNG (its owner initialises it from its own generator).
 """
@@ -22,6 +24,7 @@ from .attention import (
     uncached_attention,
     use_tree_attention,
 )
+from .inference import use_fused_layers
 from .layers import DecoderConfig, DecoderLayer, FusedInputDecoderLayer, RMSNorm, SwiGLU
 from .linear import zero_linear
 from .rope import RotaryEmbedding, apply_rotary
@@ -31,5 +34,5 @@ __all__ = [
     "masked_sdpa_backends", "masked_sdpa_kernel", "fixed_shape_attention", "use_tree_attention", "DecoderConfig",
     "DecoderLayer",
     "FusedInputDecoderLayer",
-    "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear",
+    "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear", "use_fused_layers",
 ]

@@ -6,6 +6,10 @@ layer runs causally, under a custom mask, over a KV cache, or inside a training-
     attend_for_layer = cached_attention(cache, slots, mask)   # or uncached_attention(mask), or your own
     o = attend_for_layer(i)(q, k, v)                          # q [B, h, T, d], k/v [B, h_kv, T, d] -> [B, h, T, d]
 
+An ``attend`` may also carry ``attend.rotate_store(qkv, cos, sin, num_heads) -> o``: the same attention from the
+fused projection ``qkv [B, T, h + 2 h_kv, d]`` before RoPE, which :class:`Attention` calls on its fused inference
+path (:mod:`specdec.nn.inference`); :func:`cached_attention` 's does RoPE and the cache writes in one launch.
+
 This module is also the one place that says which SDPA backends masked attention may use
 (:func:`masked_sdpa_backends`, :func:`masked_sdpa_kernel`); the heads and :mod:`specdec.adapter` both use it.
 
@@ -25,8 +29,10 @@ from einops import rearrange
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..kernels.decoder_ops import rope_store
 from ..kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
 from ..masks import to_aligned_additive_mask
+from .inference import fused_inference, fused_linear
 from .linear import zero_linear
 from .rope import apply_rotary
 
@@ -237,9 +243,34 @@ def cached_attention(cache: KVCache, slots: torch.Tensor, mask: torch.Tensor,
             return masked_attention(q, keys[:, :, :kv_length].to(q.dtype), values[:, :, :kv_length].to(q.dtype),
                                     mask)
 
+        def rotate_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
+            if keys.dtype != qkv.dtype:  # a cache in another dtype: the plain path
+                return attend(*split_rotate(qkv, cos, sin, num_heads))
+            q = rope_store(qkv, cos, sin, keys, values, slots, num_heads, signed=False)
+            return masked_attention(q, keys[:, :, :kv_length], values[:, :, :kv_length], mask)
+
+        attend.rotate_store = rotate_store
         return attend
 
     return for_layer
+
+
+def split_rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values of a fused projection, RoPE applied to queries and keys.
+
+    Args:
+        qkv: Shape ``[B, T, h + 2 h_kv, d]``.
+        cos: Shape ``[B, 1, T, d]``.
+        sin: Shape ``[B, 1, T, d]``.
+        num_heads: ``h``.
+
+    Returns:
+        ``(q [B, h, T, d], k [B, h_kv, T, d], v [B, h_kv, T, d])``.
+    """
+    nk = (qkv.shape[2] - num_heads) // 2
+    q, k, v = (t.transpose(1, 2) for t in qkv.split([num_heads, nk, nk], dim=2))
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 
 class Attention(nn.Module):
@@ -300,7 +331,8 @@ class Attention(nn.Module):
         return self.o_proj(rearrange(o, "b h t d -> b t (h d)"))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
-        """``output(attend(*project(x, cos, sin)))``.
+        """``output(attend(*project(x, cos, sin)))`` (on the fused inference path one ``[q; k; v]`` projection, and
+        ``attend.rotate_store`` where the attention has one).
 
         Args:
             x: Shape ``[B, T, in_features]``.
@@ -311,4 +343,13 @@ class Attention(nn.Module):
         Returns:
             Shape ``[B, T, H]``.
         """
-        return self.output(attend(*self.project(x, cos, sin)))
+        if not fused_inference(x):
+            return self.output(attend(*self.project(x, cos, sin)))
+        B, T, _ = x.shape
+        nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        weight, bias = fused_linear(self, ("q_proj", "k_proj", "v_proj"))
+        qkv = F.linear(x, weight, bias).view(B, T, nh + 2 * nk, d)
+        rotate_store = getattr(attend, "rotate_store", None)
+        if rotate_store is not None:
+            return self.output(rotate_store(qkv, cos, sin, nh))
+        return self.output(attend(*split_rotate(qkv, cos, sin, nh)))

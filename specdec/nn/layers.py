@@ -13,6 +13,9 @@ The variants differ only in ``attention_input``:
 - :class:`FusedInputDecoderLayer`: ``(cat(input_layernorm(embeds), hidden_norm(hidden)), hidden)``, attention
   over ``2H``; EAGLE-3's layer 0 (``norm_before_residual`` takes the residual from ``hidden_norm(hidden)``).
 
+Under :func:`~specdec.nn.inference.fused_inference` (no gradient, CUDA) the blocks run fused projections and
+one-launch element-wise kernels, the same arithmetic (:mod:`specdec.nn.inference`).
+
 Parameter names are HF Llama's (``self_attn.q_proj``, ``mlp.gate_proj``, ``input_layernorm``, ...), so state
 dicts of heads built from these layers keep the public checkpoints' key names.
 
@@ -28,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.decoder_ops import add_rms_norm, silu_mul
 from .attention import AttendFn, Attention
+from .inference import fused_inference, fused_linear
 from .linear import zero_linear
 
 __all__ = ["DecoderConfig", "RMSNorm", "SwiGLU", "DecoderLayer", "FusedInputDecoderLayer"]
@@ -89,7 +94,24 @@ class RMSNorm(nn.Module):
         Returns:
             Shape ``[..., size]``.
         """
+        if fused_inference(x) and x.dtype == self.weight.dtype:
+            return add_rms_norm(x, None, self.weight, self.eps)[1]
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h, norm(h))`` with ``h = residual + x``: one launch on the fused inference path.
+
+        Args:
+            x: Shape ``[..., size]``.
+            residual: Shape ``[..., size]``.
+
+        Returns:
+            ``(h, normed)``, each of ``x``'s shape.
+        """
+        if fused_inference(x) and x.dtype == residual.dtype == self.weight.dtype:
+            return add_rms_norm(residual, x, self.weight, self.eps)
+        h = residual + x
+        return h, self.forward(h)
 
 
 class SwiGLU(nn.Module):
@@ -118,6 +140,9 @@ class SwiGLU(nn.Module):
         Returns:
             Shape ``[..., H]``.
         """
+        if fused_inference(x):
+            weight, bias = fused_linear(self, ("gate_proj", "up_proj"))
+            return self.down_proj(silu_mul(F.linear(x, weight, bias)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -170,8 +195,8 @@ class DecoderLayer(nn.Module):
             Shape ``[B, T, H]``.
         """
         x, residual = self.attention_input(hidden, embeds)
-        hidden = residual + self.self_attn(x, cos, sin, attend)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden, normed = self.post_attention_layernorm.add_forward(self.self_attn(x, cos, sin, attend), residual)
+        return hidden + self.mlp(normed)
 
 
 class FusedInputDecoderLayer(DecoderLayer):

@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..kernels.topk import topk_rows
+from ..kernels.topk import log_softmax_topk, topk_rows
 from ..sampling import RandomSource
 from ..types import Draft, DraftScheme, SamplingParams
 
@@ -127,8 +127,7 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
     device = root_logits.device
     eye = torch.eye(k, dtype=torch.bool, device=device)[None].expand(B, k, k)
 
-    logp = torch.log_softmax(root_logits.float(), dim=-1)
-    scores, ids = topk_rows(logp, k)  # ties by ascending id, as the reference's (-score, index) order
+    scores, ids = log_softmax_topk(root_logits, k)  # ties by ascending id, as the reference's (-score, index) order
     tokens = to_target(ids)
     all_scores, all_tokens = [scores], [tokens]
     all_parents = [torch.full((B, k), -1, dtype=torch.long, device=device)]
@@ -141,7 +140,8 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
     for level in range(1, depth):
         logits, hidden = expand(frontier_tokens, parent_hidden, visible, level)
         # clamp: a rounding-positive log-prob would let a child outscore its parent
-        child_lp, child_ids = topk_rows(torch.log_softmax(logits.float(), dim=-1).clamp(max=0.0), k)
+        child_lp, child_ids = log_softmax_topk(logits, k)
+        child_lp = child_lp.clamp(max=0.0)
         cum = (frontier_scores[..., None] + child_lp).flatten(1)  # [B, k*k]; flat j = (parent j // k, rank j % k)
         child_tokens = to_target(child_ids).flatten(1)
         all_scores.append(cum)

@@ -1,0 +1,112 @@
+"""The inference path of the shared blocks: fused projections and one-launch element-wise ops, where they run.
+
+A draft head's forward at batch 1 is a few dozen small kernels per layer (three q/k/v and two gate/up
+projections, RMSNorm as four element-wise kernels, RoPE as a dozen, the cache writes, the residual adds): on a
+GPU their launches and their passes over tiny tensors cost more than reading the weights. When
+:func:`fused_inference` says so, the blocks of :mod:`specdec.nn` run the same arithmetic as gpt-fast and
+:class:`specdec.fused.FusedDecoder` do:
+
+- :class:`~specdec.nn.Attention`: one ``[q; k; v]`` projection; over a cache
+  (:func:`~specdec.nn.cached_attention`) RoPE and the key/value writes in one launch
+  (:func:`specdec.kernels.rope_store`);
+- :class:`~specdec.nn.SwiGLU`: one ``[gate; up]`` projection and :func:`specdec.kernels.silu_mul`;
+- :class:`~specdec.nn.RMSNorm` and a layer's residual add + post-attention norm:
+  :func:`specdec.kernels.add_rms_norm`.
+
+When: no gradient is being recorded, outside ``torch.compile`` (inductor fuses the plain ops itself), on CUDA
+tensors (or any tensors with :func:`specdec.kernels.kernel_mode` ``"triton"``, the interpreter's tests), and while
+:func:`use_fused_layers` is on (the default; :func:`specdec.fused.decode_kernels` ``fused_ops=`` sets it with the
+fused decoders' setting). Training and CPU inference run the modules as written, so checkpoints, gradients and
+CPU results are untouched; on CUDA an eager forward and a captured one run the same kernels, so the fast path's
+drafts equal the eager path's. Results equal the plain ops' up to floating-point summation order (a fused
+projection may sum in another order than three separate ones; RoPE rounds ``x cos`` then adds ``x' sin``, one
+rounding, as the fused decoder does).
+
+**Fused weights** are copies (``[W_q; W_k; W_v]``, ``[W_gate; W_up]``) cached on the module, outside its state
+dict: a source weight updated in place (its version counter moved) is copied again into the same tensor at the
+next eager call, so captured graphs stay valid; a replaced or moved weight gets a new copy (re-capture graphs
+then, as :class:`~specdec.graphs.GraphedDrafter` does for new buffers). A captured step does not look at the
+versions: a graph replays the copy it was captured on (the drafters' ``start`` runs eagerly and refreshes it).
+
+References:
+    gpt-fast (PyTorch Labs): fused ``wqkv`` and ``w1``/``w3``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels._dispatch import get_kernel_mode
+
+__all__ = ["use_fused_layers", "fused_inference", "fused_linear"]
+
+_FUSED = [True]
+
+
+def use_fused_layers(enabled: bool) -> bool:
+    """Whether the blocks of :mod:`specdec.nn` take their fused inference path (see the module); returns the
+    previous setting.
+
+    Args:
+        enabled: the new setting.
+    """
+    if not isinstance(enabled, bool):
+        raise ValueError(f"use_fused_layers: enabled must be True or False, got {enabled!r}")
+    previous, _FUSED[0] = _FUSED[0], enabled
+    return previous
+
+
+def fused_inference(x: torch.Tensor) -> bool:
+    """Whether a block given the activations ``x`` runs its fused inference path (see the module).
+
+    Args:
+        x: the block's input (any shape).
+    """
+    if not _FUSED[0] or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    mode = get_kernel_mode()
+    return mode == "triton" or (mode == "auto" and x.is_cuda)
+
+
+def _key(linears: tuple[nn.Linear, ...]) -> tuple:
+    return tuple((t.data_ptr(), t.shape, t.dtype, t.device) for lin in linears
+                 for t in (lin.weight, lin.bias) if t is not None)
+
+
+def _versions(linears: tuple[nn.Linear, ...]) -> tuple[int, ...]:
+    return tuple(t._version for lin in linears for t in (lin.weight, lin.bias) if t is not None)
+
+
+def fused_linear(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[W_1; W_2; ...]`` (and the biases, zeros where one is absent) of ``owner``'s linear layers ``names``, as
+    one cached tensor (see the module for when it is copied again).
+
+    Args:
+        owner: the module holding the ``nn.Linear`` s (e.g. an :class:`~specdec.nn.Attention`).
+        names: their attribute names, in output order.
+
+    Returns:
+        ``(weight [sum out_i, in], bias [sum out_i] or None)``.
+    """
+    linears = tuple(getattr(owner, name) for name in names)
+    cache = owner.__dict__.setdefault("_fused_linears", {})
+    key = _key(linears)
+    entry = cache.get(names)
+    if entry is not None and entry[0] == key:
+        _, versions, weight, bias = entry
+        if versions != _versions(linears):  # updated in place: copy again into the same tensors
+            torch.cat([lin.weight for lin in linears], 0, out=weight)
+            if bias is not None:
+                torch.cat([_bias(lin) for lin in linears], 0, out=bias)
+            cache[names] = (key, _versions(linears), weight, bias)
+        return weight, bias
+    weight = torch.cat([lin.weight for lin in linears], 0)
+    bias = None
+    if any(lin.bias is not None for lin in linears):
+        bias = torch.cat([_bias(lin) for lin in linears], 0)
+    cache[names] = (key, _versions(linears), weight, bias)
+    return weight, bias
+
+
+def _bias(lin: nn.Linear) -> torch.Tensor:
+    return lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
