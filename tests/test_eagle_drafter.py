@@ -307,9 +307,9 @@ class _RecordingHead:
     def __getattr__(self, name):
         return getattr(self.head, name)
 
-    def __call__(self, tokens, hidden, positions, mask, cache, slots):
+    def __call__(self, tokens, hidden, positions, mask, cache, slots, **kwargs):
         self.masks.append(mask.clone())
-        return self.head(tokens, hidden, positions, mask, cache, slots)
+        return self.head(tokens, hidden, positions, mask, cache, slots, **kwargs)
 
 
 @pytest.mark.parametrize("policy", ["dynamic", "static"])
@@ -353,6 +353,27 @@ def test_drafters_tree_masks_equal_the_former_construction(target, policy):
             again, _ = drafter.propose(state, _request(state.lengths, roots, 4))
         for a, b in zip(draft[:3], again[:3]):
             assert torch.equal(a, b)
+
+
+def test_the_levels_rope_made_once_per_step_equals_the_heads_own(target):
+    """The drafter hands each level's RoPE rows (made for every level at once) to the head: the same tables the head
+    makes from the positions, so the head's outputs are unchanged."""
+    head = _heads(target)["eagle1"]
+    g = torch.Generator().manual_seed(3)
+    B, F, C = 2, 3, 16
+    tokens = torch.randint(0, VOCAB, (B, F), generator=g)
+    hidden = torch.randn(B, F, head.config.hidden_size, generator=g)
+    root = torch.tensor([4, 7])
+    cos_all, sin_all = head.rotary(root[:, None] + torch.arange(3), head.dtype)
+    positions = (root + 2)[:, None].expand(B, F)  # level 3
+    mask = torch.ones(B, 1, F, C, dtype=torch.bool)
+    slots = torch.arange(F)[None].expand(B, F) + 10
+    outs = []
+    for rope in (None, tuple(t[:, :, 2:3].expand(B, 1, F, t.shape[-1]) for t in (cos_all, sin_all))):
+        cache = head.new_cache(B, C)
+        with torch.no_grad():
+            outs.append((head(tokens, hidden, positions, mask, cache, slots, rope=rope), cache.keys.clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 def test_drafter_refuses_a_non_eagle_head():

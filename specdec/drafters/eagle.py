@@ -283,6 +283,9 @@ class EagleDrafter:
         device = lengths.device
         C, S0 = cache.capacity, self._scratch_start(cache)
         mask_dtype = head.dtype if lengths.is_cuda else torch.bool
+        # every level's RoPE rows in one go (level l sits at root + l - 1): one table per step, not one per forward
+        levels = max(depth - 1, 1)
+        cos_all, sin_all = head.rotary(root_positions[:, None] + torch.arange(levels, device=device), head.dtype)
 
         def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
             F, S = tokens.shape[1], visible.shape[-1]
@@ -291,7 +294,10 @@ class EagleDrafter:
             # else: one launch of the tree-mask family (on CUDA already additive, as the attention kernel takes it)
             mask = head_tree_mask(lengths, visible, S0, C, mask_dtype)
             positions = (root_positions + (level - 1))[:, None].expand(B, F)
-            out = head(tokens, parent_hidden, positions, mask, cache, slots)
+            rope = None
+            if level - 1 < levels:  # [B, 1, 1, d] -> [B, 1, F, d]: every node of the level at one position
+                rope = tuple(t[:, :, level - 1:level].expand(B, 1, F, t.shape[-1]) for t in (cos_all, sin_all))
+            out = head(tokens, parent_hidden, positions, mask, cache, slots, rope=rope)
             return head.logits(out), out
 
         # sampling and source are read only by a sampled tree at T > 0, whose step is never captured

@@ -290,7 +290,8 @@ class _EagleHead(nn.Module):
         raise NotImplementedError
 
     def run_layers(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                   attend_for_layer: Callable[[int], AttendFn]) -> torch.Tensor:
+                   attend_for_layer: Callable[[int], AttendFn],
+                   rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Run the head with a caller-supplied attention per layer (used by training-time test).
 
         Args:
@@ -298,19 +299,22 @@ class _EagleHead(nn.Module):
             hidden: Shape ``[B, T, H]``, the conditioning hidden states.
             positions: Shape ``[B, T]`` int64, RoPE positions.
             attend_for_layer: ``i -> attend(q, k, v)`` for decoder layer ``i``.
+            rope: ``(cos, sin)`` ``[B, 1, T, d]``, ``self.rotary(positions, dtype)`` made by the caller (a drafter
+                makes every level's at once); default: made here from ``positions``.
 
         Returns:
             Shape ``[B, T, H]``, the pre-norm output hidden states.
         """
         x, embeds = self._inputs(input_ids, hidden)
-        cos, sin = self.rotary(positions, x.dtype)
+        cos, sin = self.rotary(positions, x.dtype) if rope is None else (t.to(x.dtype) for t in rope)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attend_for_layer(i), embeds=embeds)
         return x
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, cache: HeadCache | None = None,
-                cache_slots: torch.Tensor | None = None, kv_length: int | None = None) -> torch.Tensor:
+                cache_slots: torch.Tensor | None = None, kv_length: int | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Run the head on ``T`` entries: causal, under a custom 4D mask, or over a KV cache.
 
         Entry ``t`` pairs ``hidden[:, t]`` (the target feature at position ``p``, or a parent's head output)
@@ -327,17 +331,18 @@ class _EagleHead(nn.Module):
             cache: a :class:`HeadCache`; this call's keys/values are written at ``cache_slots`` first.
             cache_slots: Shape ``[B, T]`` int64, the slot of each entry (required with ``cache``).
             kv_length: attend over slots ``[0, kv_length)`` (default: the whole cache).
+            rope: ``(cos, sin)`` at ``positions``, ``[B, 1, T, d]`` each (see :meth:`run_layers`), or ``None``.
 
         Returns:
             Shape ``[B, T, H]``: pre-norm output hidden states.
         """
         if cache is None:
-            return self.run_layers(input_ids, hidden, positions, uncached_attention(attention_mask))
+            return self.run_layers(input_ids, hidden, positions, uncached_attention(attention_mask), rope)
         if cache_slots is None or attention_mask is None:
             raise ValueError("with a cache, pass cache_slots [B, T] (where to write) and attention_mask "
                              "[B, 1, T, kv_length] (which slots each entry sees)")
         return self.run_layers(input_ids, hidden, positions,
-                               cached_attention(cache, cache_slots, attention_mask, kv_length))
+                               cached_attention(cache, cache_slots, attention_mask, kv_length), rope)
 
     def features_to_hidden(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
         """Turn the target's features at committed tokens into the head's conditioning ``hidden``.
