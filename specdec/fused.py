@@ -53,7 +53,7 @@ from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rop
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
 from .nn.attention import masked_sdpa_kernel, use_tree_attention
-from .nn.inference import use_fused_layers
+from .nn.inference import cat_linears, linear_versions, use_fused_layers
 
 __all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels", "decode_settings"]
 
@@ -308,21 +308,13 @@ class FusedDecoder:
     # ------------------------------------------------------------------ weights
     def _fuse(self, linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[W_1; W_2; ...]`` (and the biases) as one new tensor; remembered for :meth:`sync`."""
+        linears = tuple(linears)
         with torch.no_grad():
-            weight = torch.cat([lin.weight for lin in linears], 0)
-            biases = [lin.bias for lin in linears]
-            bias = None
-            if any(b is not None for b in biases):
-                bias = torch.cat([b if b is not None else lin.weight.new_zeros(lin.out_features)
-                                  for b, lin in zip(biases, linears)], 0)
-        self._sources.append(tuple(linears))
+            weight, bias = cat_linears(linears)
+        self._sources.append(linears)
         self._fused.append((weight, bias))
-        self._seen.append(self._versions(linears))
+        self._seen.append(linear_versions(linears))
         return weight, bias
-
-    @staticmethod
-    def _versions(linears: Sequence[nn.Linear]) -> tuple[int, ...]:
-        return tuple(t._version for lin in linears for t in (lin.weight, lin.bias) if t is not None)
 
     def sync(self) -> None:
         """Bring the fused copies up to date with the model's weights, in place.
@@ -334,15 +326,11 @@ class FusedDecoder:
         does, comparing the parameters' ids).
         """
         with torch.no_grad():
-            for i, (linears, (weight, bias)) in enumerate(zip(self._sources, self._fused)):
-                versions = self._versions(linears)
-                if versions == self._seen[i]:
+            for i, (linears, fused) in enumerate(zip(self._sources, self._fused)):
+                if linear_versions(linears) == self._seen[i]:
                     continue
-                torch.cat([lin.weight for lin in linears], 0, out=weight)
-                if bias is not None:
-                    torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
-                               for lin in linears], 0, out=bias)
-                self._seen[i] = self._versions(linears)
+                cat_linears(linears, out=fused)
+                self._seen[i] = linear_versions(linears)
 
     def _rope_table(self, rotary: nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos``/``sin`` ``[length, head_dim]`` in the model's dtype, computed as HF's rotary embedding does; the

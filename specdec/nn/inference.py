@@ -38,7 +38,7 @@ from torch import nn
 
 from ..kernels._dispatch import get_kernel_mode
 
-__all__ = ["use_fused_layers", "fused_inference", "fused_linear"]
+__all__ = ["use_fused_layers", "fused_inference", "fused_linear", "cat_linears", "linear_versions"]
 
 _FUSED = [True]
 
@@ -73,8 +73,29 @@ def _key(linears: tuple[nn.Linear, ...]) -> tuple:
                  for t in (lin.weight, lin.bias) if t is not None)
 
 
-def _versions(linears: tuple[nn.Linear, ...]) -> tuple[int, ...]:
+def linear_versions(linears: tuple[nn.Linear, ...]) -> tuple[int, ...]:
+    """The version counters of the linears' weights and biases (they move at every in-place update)."""
     return tuple(t._version for lin in linears for t in (lin.weight, lin.bias) if t is not None)
+
+
+def cat_linears(linears: tuple[nn.Linear, ...], out: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[W_1; W_2; ...]`` and the biases (zeros where one is absent; ``None`` when none has one), as new tensors or
+    copied into ``out`` (an earlier result: in place, so graphs captured on it stay valid).
+
+    Args:
+        linears: ``nn.Linear`` s with the same input width.
+        out: ``(weight [sum out_i, in], bias [sum out_i] or None)`` to copy into.
+
+    Returns:
+        ``(weight, bias)``.
+    """
+    weight, bias = out if out is not None else (None, None)
+    weight = torch.cat([lin.weight for lin in linears], 0, out=weight)
+    if any(lin.bias is not None for lin in linears):
+        biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
+        bias = torch.cat(biases, 0, out=bias)
+    return weight, bias
 
 
 def fused_linear(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -94,19 +115,10 @@ def fused_linear(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor
     entry = cache.get(names)
     if entry is not None and entry[0] == key:
         _, versions, weight, bias = entry
-        if versions != _versions(linears):  # updated in place: copy again into the same tensors
-            torch.cat([lin.weight for lin in linears], 0, out=weight)
-            if bias is not None:
-                torch.cat([_bias(lin) for lin in linears], 0, out=bias)
-            cache[names] = (key, _versions(linears), weight, bias)
+        if versions != linear_versions(linears):  # updated in place: copy again into the same tensors
+            cat_linears(linears, out=(weight, bias))
+            cache[names] = (key, linear_versions(linears), weight, bias)
         return weight, bias
-    weight = torch.cat([lin.weight for lin in linears], 0)
-    bias = None
-    if any(lin.bias is not None for lin in linears):
-        bias = torch.cat([_bias(lin) for lin in linears], 0)
-    cache[names] = (key, _versions(linears), weight, bias)
+    weight, bias = cat_linears(linears)
+    cache[names] = (key, linear_versions(linears), weight, bias)
     return weight, bias
-
-
-def _bias(lin: nn.Linear) -> torch.Tensor:
-    return lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
