@@ -11,6 +11,8 @@ from specdec.generate import generate
 from specdec.kernels import (
                              add_rms_norm,
                              add_rms_norm_ref,
+                             embed_concat,
+                             embed_concat_ref,
                              interpreter_enabled,
                              kernel_mode,
                              rope_store,
@@ -96,6 +98,21 @@ def test_silu_mul_equals_silu_gate_times_up(device):
     with kernel_mode("triton"):
         out = silu_mul(gate_up)
     torch.testing.assert_close(out, silu_mul_ref(gate_up), atol=1e-6, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_concat_equals_the_embedding_then_a_concatenation(device, dtype):
+    table = _randn(50, 1100, seed=8, device=device, dtype=dtype)  # rows wider than one program's block
+    ids = torch.randint(0, 50, (2, 3), generator=torch.Generator().manual_seed(9)).to(device)
+    hidden = _randn(2, 3, 700, seed=10, device=device, dtype=dtype)[:, :, :600]  # strided rows
+    with kernel_mode("triton"):
+        out = embed_concat(ids, table, hidden)
+    assert out.shape == (2, 3, 1700) and out.dtype == dtype
+    assert torch.equal(out, embed_concat_ref(ids, table, hidden))
+    with pytest.raises(ValueError, match="leading shape"):
+        embed_concat(ids, table, hidden[:1])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="bf16 on the GPU")

@@ -283,20 +283,24 @@ class EagleDrafter:
         device = lengths.device
         C, S0 = cache.capacity, self._scratch_start(cache)
         mask_dtype = head.dtype if lengths.is_cuda else torch.bool
-        # every level's RoPE rows in one go (level l sits at root + l - 1): one table per step, not one per forward
+        # every level's positions, RoPE rows and scratch slots in one go (level l sits at root + l - 1; its nodes'
+        # keys at the scratch slots after the earlier levels'): per forward only views of them, no kernels
         levels = max(depth - 1, 1)
-        cos_all, sin_all = head.rotary(root_positions[:, None] + torch.arange(levels, device=device), head.dtype)
+        level_positions = root_positions[:, None] + torch.arange(levels, device=device)
+        cos_all, sin_all = head.rotary(level_positions, head.dtype)
+        scratch_slots = torch.arange(S0, C - 1, device=device)
 
         def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
             F, S = tokens.shape[1], visible.shape[-1]
-            slots = (S0 + S - F + torch.arange(F, device=device))[None].expand(B, F)
+            slots = scratch_slots[S - F:S][None].expand(B, F)
             # committed slots below each row's length, the policy's ancestor sets over the scratch slots, nothing
             # else: one launch of the tree-mask family (on CUDA already additive, as the attention kernel takes it)
             mask = head_tree_mask(lengths, visible, S0, C, mask_dtype)
-            positions = (root_positions + (level - 1))[:, None].expand(B, F)
-            rope = None
             if level - 1 < levels:  # [B, 1, 1, d] -> [B, 1, F, d]: every node of the level at one position
+                positions = level_positions[:, level - 1:level].expand(B, F)
                 rope = tuple(t[:, :, level - 1:level].expand(B, 1, F, t.shape[-1]) for t in (cos_all, sin_all))
+            else:  # a policy expanding deeper than depth - 1 (none does): the rows made here
+                positions, rope = (root_positions + (level - 1))[:, None].expand(B, F), None
             out = head(tokens, parent_hidden, positions, mask, cache, slots, rope=rope)
             return head.logits(out), out
 

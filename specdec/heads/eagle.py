@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.decoder_ops import embed_concat
 from ..nn import (
     AttendFn,
     DecoderConfig,
@@ -55,6 +56,7 @@ from ..nn import (
     uncached_attention,
     zero_linear,
 )
+from ..nn.inference import fused_inference
 from .common import target_dims, text_config
 
 __all__ = [
@@ -458,6 +460,8 @@ class Eagle1Head(_EagleHead):
         return head.to(device=out.weight.device, dtype=out.weight.dtype)
 
     def _inputs(self, input_ids, hidden):
+        if fused_inference(hidden):  # the embedding rows and the hidden states written side by side, one launch
+            return self.fc(embed_concat(input_ids, self.embed_weight, hidden)), None
         e = self.embed(input_ids).to(hidden.dtype)
         return self.fc(torch.cat([e, hidden], dim=-1)), None
 

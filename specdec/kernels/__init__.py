@@ -22,9 +22,12 @@ op                                          replaces                            
 :func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
 :func:`silu_mul`                            SwiGLU's ``silu(gate) * up``             1
+:func:`embed_concat`                        a draft head's ``cat([embedding, hidden])`` 1
 :func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries)
 :func:`log_softmax_topk`                    ``log_softmax`` + ``torch.topk`` (same)   1 (2-3 past 4,096 entries)
 :func:`tree_attention`                      SDPA of a few queries (tree verification) 2
+:func:`dynamic_tree_level`                  a dynamic tree's per-level bookkeeping     1 (per level)
+:func:`rerank_candidates`                   the dynamic tree's rerank (sorts, search)  2
 =========================================== ======================================== ===================================
 
 On CPU the kernels run under the Triton interpreter when ``TRITON_INTERPRET=1`` is set before this package is
@@ -39,7 +42,25 @@ from ._dispatch import (
                         triton_available,
 )
 from .decode_attention import decode_attention, decode_attention_ref, decode_split
-from .decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
+from .decoder_ops import (
+                        add_rms_norm,
+                        add_rms_norm_ref,
+                        embed_concat,
+                        embed_concat_ref,
+                        rope_store,
+                        rope_store_ref,
+                        silu_mul,
+                        silu_mul_ref,
+)
+from .dynamic_tree import (
+                        TreeCandidates,
+                        TreeFrontier,
+                        dynamic_tree_level,
+                        dynamic_tree_level_ref,
+                        new_candidates,
+                        rerank_candidates,
+                        rerank_candidates_ref,
+)
 from .emit import (
                         FeedbackRows,
                         accepted_feedback,
@@ -85,8 +106,11 @@ __all__ = [
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
     "decode_attention", "decode_attention_ref", "decode_split",
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
+    "embed_concat", "embed_concat_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan", "tree_attention_ref",
     "tree_attention_split",
     "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk", "log_softmax_topk_ref",
+    "TreeCandidates", "TreeFrontier", "new_candidates", "dynamic_tree_level", "dynamic_tree_level_ref",
+    "rerank_candidates", "rerank_candidates_ref",
 ]

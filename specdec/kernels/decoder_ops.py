@@ -11,6 +11,7 @@ op                               replaces (torch reference)                     
 :func:`add_rms_norm`             ``h = x + r``; ``w * rms_norm(h.float()).to(dtype)``   5 (4 without ``r``)
 :func:`rope_store`               RoPE of q and k, ``index_copy_`` of k and v to the cache 5
 :func:`silu_mul`                 ``F.silu(gate) * up``                                    2
+:func:`embed_concat`             a draft head's ``cat([embedding(ids), hidden], -1)``     2
 ================================ ====================================================== ==================
 
 References:
@@ -25,7 +26,8 @@ import torch.nn.functional as F
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, tl
 
-__all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref"]
+__all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
+           "embed_concat", "embed_concat_ref"]
 
 
 # ---------------------------------------------------------------------------------------------- add + RMSNorm
@@ -299,3 +301,60 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gu.shape[0]:
         _silu_mul_kernel[(gu.shape[0], -(-inter // block))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK=block)
     return out.view(*gate_up.shape[:-1], inter)
+
+
+# ---------------------------------------------------------------------------------------------- embed + concat
+
+def embed_concat_ref(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`embed_concat`: ``cat([F.embedding(ids, table).to(hidden.dtype), hidden], -1)``.
+
+    Args:
+        ids: Shape ``[...]`` int64, rows of ``table``.
+        table: Shape ``[V, E]``.
+        hidden: Shape ``[..., H]``.
+
+    Returns:
+        Shape ``[..., E + H]`` in ``hidden``'s dtype.
+    """
+    return torch.cat([F.embedding(ids, table).to(hidden.dtype), hidden], dim=-1)
+
+
+@jit
+def _embed_concat_kernel(id_ptr, table_ptr, hid_ptr, out_ptr, E, H, s_table, s_hid, s_out, BLOCK: tl.constexpr):
+    """One program per (row, block of output columns): columns below ``E`` from the token's embedding row, the
+    rest from the row of ``hidden``."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    token = tl.load(id_ptr + row)
+    emb = tl.load(table_ptr + token * s_table + cols, mask=cols < E, other=0.0)
+    hid = tl.load(hid_ptr + row * s_hid + (cols - E), mask=(cols >= E) & (cols < E + H), other=0.0)
+    val = tl.where(cols < E, emb.to(out_ptr.dtype.element_ty), hid.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + row * s_out + cols, val, mask=cols < E + H)
+
+
+def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """A draft head's input: each token's embedding followed by its conditioning hidden state, in one launch on
+    CUDA (:func:`embed_concat_ref` elsewhere). EAGLE-1's ``fc`` reads it (``fc(cat(e(x), f))``).
+
+    Args:
+        ids: Shape ``[...]`` int64, rows of ``table`` (``0 <= id < V``: not checked on the device).
+        table: Shape ``[V, E]``, the embedding matrix (unit last stride).
+        hidden: Shape ``[..., H]`` (same leading shape as ``ids``).
+
+    Returns:
+        Shape ``[..., E + H]`` in ``hidden``'s dtype (no gradient: inference only).
+    """
+    if tuple(hidden.shape[:-1]) != tuple(ids.shape) or table.dim() != 2:
+        raise ValueError(f"embed_concat: need ids [...], table [V, E] and hidden [..., H] with the ids' leading "
+                         f"shape, got {tuple(ids.shape)}, {tuple(table.shape)} and {tuple(hidden.shape)}")
+    if table.stride(-1) != 1 or not use_kernel("embed_concat", ids, table, hidden):
+        return embed_concat_ref(ids, table, hidden)
+    E, H = table.shape[1], hidden.shape[-1]
+    flat_ids = ids.reshape(-1)
+    hid = as_rows(hidden)
+    out = torch.empty(hid.shape[0], E + H, dtype=hidden.dtype, device=hidden.device)
+    block = min(1024, next_pow2(E + H))
+    if hid.shape[0]:
+        _embed_concat_kernel[(hid.shape[0], -(-(E + H) // block))](flat_ids, table, hid, out, E, H, table.stride(0),
+                                                                  hid.stride(0), out.stride(0), BLOCK=block)
+    return out.view(*ids.shape, E + H)

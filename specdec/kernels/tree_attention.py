@@ -276,7 +276,7 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, b
     block_m, num_splits, tile_s, num_warps, num_stages = plan
     query_blocks = -(-M // block_m)
     dev = q.device
-    o = torch.empty(B, H, M, d, dtype=q.dtype, device=dev)
+    o = _heads_last(B, H, M, d, q.dtype, dev)
     if B == 0 or H == 0 or M == 0:
         return o
     direct = num_splits == 1
@@ -302,6 +302,12 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, b
         _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
                                        BLOCK_NS=next_pow2(num_splits), BLOCK_D=block_d)
     return o
+
+
+def _heads_last(B: int, H: int, M: int, d: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised ``[B, H, M, d]`` output laid out as ``[B, M, H, d]`` (as SDPA's is): the caller's merge of
+    the heads before ``o_proj`` (``o.transpose(1, 2).reshape(B, M, H * d)``) is then a view, not a copy."""
+    return torch.empty(B, M, H, d, dtype=dtype, device=device).transpose(1, 2)
 
 
 def _check_end(kv_end, B: int, device) -> None:
@@ -352,7 +358,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
             query of a row in one program); default :func:`tree_attention_plan`.
 
     Returns:
-        Shape ``[B, H, M, d]`` in ``q``'s dtype.
+        Shape ``[B, H, M, d]`` in ``q``'s dtype; from the kernels laid out as ``[B, M, H, d]`` (SDPA's layout), so
+        that merging the heads (``o.transpose(1, 2).reshape(B, M, H * d)``) costs no copy.
 
     Raises:
         ValueError: shapes that do not match, a boolean mask or a bad ``kv_end``, naming the argument.
@@ -382,4 +389,5 @@ if triton_available():
     @_tree_attention_op.register_fake
     def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
           kv_end: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
+        B, H, M, d = q.shape
+        return _heads_last(B, H, M, d, q.dtype, q.device)

@@ -231,13 +231,14 @@ def cached_attention(cache: KVCache, slots: torch.Tensor, mask: torch.Tensor,
         ``layer -> attend(q, k, v)``.
     """
     kv_length = cache.capacity if kv_length is None else kv_length
-    rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
 
     def for_layer(layer: int) -> AttendFn:
         keys, values = cache.keys[layer], cache.values[layer]
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            # keys[rows, :, slots] is [B, T, h_kv, d]: the advanced indices come first
+            # keys[rows, :, slots] is [B, T, h_kv, d]: the advanced indices come first (rows made here: the fused
+            # path's rotate_store needs none, so a captured head forward carries no arange for it)
+            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
             keys[rows, :, slots] = rearrange(k, "b h t d -> b t h d").to(keys.dtype)
             values[rows, :, slots] = rearrange(v, "b h t d -> b t h d").to(values.dtype)
             return masked_attention(q, keys[:, :, :kv_length].to(q.dtype), values[:, :, :kv_length].to(q.dtype),

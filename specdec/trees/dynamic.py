@@ -38,7 +38,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..kernels.topk import log_softmax_topk, topk_rows
+from ..kernels.dynamic_tree import dynamic_tree_level, new_candidates, rerank_candidates
+from ..kernels.topk import log_softmax_topk
 from ..sampling import RandomSource
 from ..types import Draft, DraftScheme, SamplingParams
 
@@ -122,60 +123,20 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
     _check_args(root_logits, root_hidden, depth, top_k, total_tokens)
     to_target = draft_to_target or _identity
     B, V = root_logits.shape
-    H = root_hidden.shape[-1]
     k = min(top_k, V)
-    device = root_logits.device
-    eye = torch.eye(k, dtype=torch.bool, device=device)[None].expand(B, k, k)
-
-    scores, ids = log_softmax_topk(root_logits, k)  # ties by ascending id, as the reference's (-score, index) order
-    tokens = to_target(ids)
-    all_scores, all_tokens = [scores], [tokens]
-    all_parents = [torch.full((B, k), -1, dtype=torch.long, device=device)]
-    level_of = [torch.ones(k, dtype=torch.long, device=device)]
-    frontier_scores, frontier_tokens = scores, tokens
-    frontier_ids = torch.arange(k, device=device)[None].expand(B, k)
-    parent_hidden = root_hidden[:, None].expand(B, k, H)
-    visible = eye
+    cands = new_candidates(B, k, depth, root_logits.device)
+    # level 1: the root's k best (ties by ascending id, as the reference's (-score, index) order)
+    scores, ids = log_softmax_topk(root_logits, k)
+    frontier = dynamic_tree_level(cands, 0, scores, to_target(ids), None, root_hidden, advance=depth > 1)
     offset = k
     for level in range(1, depth):
-        logits, hidden = expand(frontier_tokens, parent_hidden, visible, level)
-        # clamp: a rounding-positive log-prob would let a child outscore its parent
-        child_lp, child_ids = log_softmax_topk(logits, k)
-        child_lp = child_lp.clamp(max=0.0)
-        cum = (frontier_scores[..., None] + child_lp).flatten(1)  # [B, k*k]; flat j = (parent j // k, rank j % k)
-        child_tokens = to_target(child_ids).flatten(1)
-        all_scores.append(cum)
-        all_tokens.append(child_tokens)
-        all_parents.append(frontier_ids.repeat_interleave(k, dim=1))
-        level_of.append(torch.full((k * k,), level + 1, dtype=torch.long, device=device))
-        if level + 1 < depth:
-            best = topk_rows(cum, k)[1]  # = a stable descending sort's first k
-            slot = best // k
-            frontier_scores = cum.gather(1, best)
-            frontier_tokens = child_tokens.gather(1, best)
-            frontier_ids = offset + best
-            parent_hidden = hidden.gather(1, slot[..., None].expand(B, k, H))
-            inherited = visible.gather(1, slot[..., None].expand(B, k, visible.shape[-1]))
-            visible = torch.cat([inherited, eye], dim=-1)
+        logits, hidden = expand(frontier.tokens, frontier.hidden, frontier.visible, level)
+        child_lp, child_ids = log_softmax_topk(logits, k)  # [B, k parents, k children]
+        frontier = dynamic_tree_level(cands, offset, child_lp, to_target(child_ids), frontier, hidden,
+                                      advance=level + 1 < depth)
         offset += k * k
-
-    return _rerank(torch.cat(all_scores, 1), torch.cat(all_tokens, 1), torch.cat(all_parents, 1),
-                   torch.cat(level_of), total_tokens)
-
-
-def _rerank(scores: torch.Tensor, tokens: torch.Tensor, parent_ids: torch.Tensor, level_of: torch.Tensor,
-            total_tokens: int) -> Draft:
-    B, C = scores.shape
-    n = min(total_tokens - 1, C)
-    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
-    selected = best.sort(dim=1).values  # candidate order: levels ascending, parents before children
-    parent_cand = parent_ids.gather(1, selected)
-    parent_node = torch.searchsorted(selected, parent_cand.clamp(min=0)) + 1
-    parent_node = torch.where(parent_cand < 0, torch.zeros_like(parent_node), parent_node)
-    root = torch.full((B, 1), -1, dtype=torch.long, device=scores.device)
-    parents = torch.cat([root, parent_node], 1)
-    depths = torch.cat([torch.zeros_like(root), level_of[selected]], 1)
-    return Draft(tokens.gather(1, selected), parents, depths, None, DraftScheme.DETERMINISTIC)
+    tokens, parents, depths = rerank_candidates(cands, k, total_tokens)
+    return Draft(tokens, parents, depths, None, DraftScheme.DETERMINISTIC)
 
 
 def grow_dynamic_tree_ref(root_logits: torch.Tensor, root_hidden: torch.Tensor, expand: ExpandFn, *, depth: int,
