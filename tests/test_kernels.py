@@ -33,6 +33,8 @@ from specdec.kernels import (
     emitted_tokens_ref,
     head_tree_mask,
     head_tree_mask_ref,
+    head_update_mask,
+    head_update_mask_ref,
     interpreter_enabled,
     kernel_mode,
     parallel_draft_inputs,
@@ -275,6 +277,53 @@ def test_head_tree_mask_rejects_bad_input_with_a_fix():
         head_tree_mask(lengths, visible, 5, 10, torch.bool, out=torch.zeros(2, 1, 2, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"shape \[B\]"):
         head_tree_mask(lengths.float(), visible, 5, 10, torch.bool)
+
+
+UPDATE_CASES = [(1, 1, 16, torch.bool), (3, 7, 61, torch.float32), (2, 5, 130, torch.bfloat16),
+                (4, 3, 9, torch.float16)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch,entries,capacity,dtype", UPDATE_CASES,
+                         ids=[f"B{b}-M{m}-C{c}-{str(d)[6:]}" for b, m, c, d in UPDATE_CASES])
+def test_head_update_mask_kernel_equals_reference(batch, entries, capacity, dtype):
+    g = torch.Generator().manual_seed(capacity + entries)
+    lengths = torch.randint(0, capacity // 2, (batch,), generator=g)
+    positions = lengths[:, None] + torch.arange(entries)  # an update's entries continue each row
+    valid = torch.rand(batch, entries, generator=g) < 0.7
+    valid[0] = False  # a row with nothing new: its length stays, last = -1
+    if batch > 1:
+        valid[1] = True
+    lengths, positions, valid = lengths.to(DEVICE), positions.to(DEVICE), valid.to(DEVICE)
+    want = head_update_mask_ref(lengths, positions, valid, capacity, dtype)
+    got = kernel(head_update_mask, lengths, positions, valid, capacity, dtype)
+    full = lambda m: torch.as_strided(m, (*m.shape[:-1], m.stride(-2)), m.stride())  # noqa: E731
+    assert got.mask.shape == (batch, 1, entries, capacity) and got.mask.stride() == want.mask.stride()
+    assert torch.equal(full(got.mask), full(want.mask))  # the alignment padding too
+    for name in ("slots", "lengths", "last"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert int(want.last[0]) == -1 and int(want.lengths[0]) == int(lengths[0])
+
+
+def test_head_update_mask_reference_is_the_eagle_drafters_former_construction():
+    lengths, capacity = torch.tensor([3, 0]), 12
+    positions = torch.tensor([[3, 4, 5], [0, 1, 2]])
+    valid = torch.tensor([[True, True, False], [True, False, False]])
+    s = torch.arange(capacity)
+    new_len = torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1))
+    sees = (s < new_len[:, None, None]) & (s <= positions[:, :, None])
+    sees |= ~valid[:, :, None] & (s == 0)
+    got = head_update_mask(lengths, positions, valid, capacity, torch.bool)
+    assert torch.equal(got.mask, sees[:, None]) and new_len.tolist() == got.lengths.tolist() == [5, 1]
+    assert got.slots.tolist() == [[3, 4, 11], [0, 11, 11]] and got.last.tolist() == [1, 0]
+    additive = head_update_mask(lengths, positions, valid, capacity, torch.bfloat16).mask
+    assert torch.equal(additive, to_aligned_additive_mask(sees[:, None], torch.bfloat16))
+    with pytest.raises(ValueError, match="M >= 1"):
+        head_update_mask(lengths, positions[:, :0], valid[:, :0], capacity, torch.bool)
+    with pytest.raises(ValueError, match="valid must have"):
+        head_update_mask(lengths, positions, valid[:, :2], capacity, torch.bool)
+    with pytest.raises(ValueError, match="torch.bool or a floating"):
+        head_update_mask(lengths, positions, valid, capacity, torch.int32)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import torch
 
 from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound, static_buffers
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
-from ..kernels import head_tree_mask
+from ..kernels import head_tree_mask, head_update_mask
 from ..trees.static import as_policy
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
@@ -260,20 +260,15 @@ class EagleDrafter:
             ``(lengths [B], last_hidden [B, H])``.
         """
         head = self.head
-        valid = valid.bool()
         B, M = tokens.shape
-        device = tokens.device
-        trash = cache.capacity - 1
         hidden = head.features_to_hidden(features)
-        slots = torch.where(valid, positions, torch.full_like(positions, trash))
-        lengths = torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1))
-        s = torch.arange(cache.capacity, device=device)
-        sees = (s < lengths[:, None, None]) & (s <= positions[:, :, None])
-        sees |= ~valid[:, :, None] & (s == 0)  # padding entries look at slot 0: finite, never used
-        out = head(next_tokens, hidden, positions, sees[:, None], cache, slots)
-        last = torch.where(valid, torch.arange(M, device=device), -1).amax(1)
-        picked = out.gather(1, last.clamp(min=0)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
-        return lengths, torch.where((last >= 0)[:, None], picked, last_hidden.to(picked.dtype))
+        # entries at their positions (padding to the trash slot), each seeing the committed slots up to itself; the
+        # rows' new lengths and last real entries: one launch of the tree-mask family (additive on CUDA)
+        mask_dtype = head.dtype if tokens.is_cuda else torch.bool
+        plan = head_update_mask(lengths, positions, valid.bool(), cache.capacity, mask_dtype)
+        out = head(next_tokens, hidden, positions, plan.mask, cache, plan.slots)
+        picked = out.gather(1, plan.last.clamp(min=0)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
+        return plan.lengths, torch.where((plan.last >= 0)[:, None], picked, last_hidden.to(picked.dtype))
 
     def _draft(self, cache: HeadCache, lengths: torch.Tensor, root_positions: torch.Tensor,
                last_hidden: torch.Tensor, depth: int, request: ProposeRequest) -> Draft:

@@ -10,6 +10,7 @@ op                                          replaces                            
 =========================================== ======================================== ===================================
 :func:`tree_mask`                           ``ModelAdapter.forward``'s mask building  1
 :func:`head_tree_mask`                      the EAGLE drafter's head-cache mask       1
+:func:`head_update_mask`                    the EAGLE update's mask, slots, lengths   1
 :func:`verify_greedy`                       :func:`specdec.verify.verify_greedy`      2
 :func:`verify_chain_noise`                  chain rejection sampling under noise      2
 :func:`verify_tree_deterministic_noise`     target-only tree rejection under noise    2
@@ -80,7 +81,16 @@ from .tree_attention import (
                         tree_attention_ref,
                         tree_attention_split,
 )
-from .tree_mask import TreeMask, head_tree_mask, head_tree_mask_ref, tree_mask, tree_mask_ref
+from .tree_mask import (
+                        HeadUpdate,
+                        TreeMask,
+                        head_tree_mask,
+                        head_tree_mask_ref,
+                        head_update_mask,
+                        head_update_mask_ref,
+                        tree_mask,
+                        tree_mask_ref,
+)
 from .verify import (
                         VerifyNoise,
                         draw_verify_noise,
@@ -97,6 +107,7 @@ __all__ = [
     "KERNEL_MODES", "kernel_mode", "set_kernel_mode", "get_kernel_mode", "triton_available", "interpreter_enabled",
     # ops and their references
     "TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref",
+    "HeadUpdate", "head_update_mask", "head_update_mask_ref",
     "verify_greedy", "verify_greedy_ref",
     "VerifyNoise", "draw_verify_noise", "verify_chain_noise", "verify_chain_noise_ref",
     "verify_tree_deterministic_noise", "verify_tree_deterministic_noise_ref",

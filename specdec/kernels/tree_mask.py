@@ -31,7 +31,8 @@ from ..trees import ancestor_matrix
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, tl
 
-__all__ = ["TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref"]
+__all__ = ["TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref", "HeadUpdate",
+           "head_update_mask", "head_update_mask_ref"]
 
 
 class TreeMask(NamedTuple):
@@ -477,3 +478,158 @@ def head_tree_mask(
     if use_kernel("head_tree_mask", *tensors):
         return _head_tree_mask_triton(lengths, visible, scratch_start, capacity, dtype, out, alignment)
     return head_tree_mask_ref(lengths, visible, scratch_start, capacity, dtype, out=out, alignment=alignment)
+
+
+# --------------------------------------------------------------------------------------------------------
+# A draft head's update: the committed entries' mask, slots and the rows' new lengths in one launch
+# --------------------------------------------------------------------------------------------------------
+
+
+class HeadUpdate(NamedTuple):
+    """What a draft head's update forward needs besides its inputs (see :func:`head_update_mask`).
+
+    Attributes:
+        mask: Shape ``[B, 1, M, C]``: bool (True = attend) or additive (0 / ``finfo.min``), rows padded to the
+            alignment.
+        slots: Shape ``[B, M]`` int64, where each entry's key goes (its position; the trash slot ``C - 1`` for
+            padding).
+        lengths: Shape ``[B]`` int64, the rows' committed lengths after the update.
+        last: Shape ``[B]`` int64, the index of each row's last real entry (``-1``: none).
+    """
+
+    mask: torch.Tensor
+    slots: torch.Tensor
+    lengths: torch.Tensor
+    last: torch.Tensor
+
+
+def _check_update(lengths, positions, valid, capacity, dtype, alignment) -> tuple[int, int]:
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.dtype.is_floating_point:
+        raise ValueError(f"head_update_mask: positions must be an int tensor [B, M] (the entries' positions = slots), "
+                         f"got {tuple(getattr(positions, 'shape', ()))}")
+    B, M = positions.shape
+    if M < 1:
+        raise ValueError("head_update_mask: needs at least one entry per row (M >= 1); skip the update for M = 0")
+    if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (B,) or lengths.dtype.is_floating_point:
+        raise ValueError(f"head_update_mask: lengths must be an int tensor of shape [B] = [{B}], got "
+                         f"{tuple(getattr(lengths, 'shape', ()))}")
+    if not isinstance(valid, torch.Tensor) or tuple(valid.shape) != (B, M):
+        raise ValueError(f"head_update_mask: valid must have the positions' shape [B, M] = [{B}, {M}], got "
+                         f"{tuple(getattr(valid, 'shape', ()))}")
+    if not isinstance(capacity, int) or capacity < 2:
+        raise ValueError(f"head_update_mask: capacity must be an int >= 2 (slots, the last one the trash slot), got "
+                         f"{capacity!r}")
+    if not isinstance(dtype, torch.dtype) or not (dtype == torch.bool or dtype.is_floating_point):
+        raise ValueError(f"head_update_mask: dtype must be torch.bool or a floating dtype, got {dtype!r}")
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"head_update_mask: alignment must be an int >= 1, got {alignment!r}")
+    return B, M
+
+
+def head_update_mask_ref(lengths: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, capacity: int,
+                         dtype: torch.dtype, *, alignment: int = 8) -> HeadUpdate:
+    """Reference for :func:`head_update_mask` (same arguments and result): the EAGLE drafter's former torch code."""
+    B, M = _check_update(lengths, positions, valid, capacity, dtype, alignment)
+    valid = valid.bool()
+    device = positions.device
+    slots = torch.where(valid, positions, torch.full_like(positions, capacity - 1))
+    new_lengths = torch.maximum(lengths.long(), torch.where(valid, positions + 1, 0).amax(1))
+    s = torch.arange(capacity, device=device)
+    sees = (s < new_lengths[:, None, None]) & (s <= positions[:, :, None])
+    sees |= ~valid[:, :, None] & (s == 0)  # padding entries look at slot 0: finite, never used
+    last = torch.where(valid, torch.arange(M, device=device), -1).amax(1)
+    if dtype == torch.bool:
+        storage = _aligned_empty(B, M, capacity, dtype, device, alignment)
+        storage[..., capacity:] = False
+        mask = storage[..., :capacity].copy_(sees[:, None])
+    else:
+        mask = to_aligned_additive_mask(sees[:, None], dtype, alignment)
+    return HeadUpdate(mask, slots, new_lengths, last)
+
+
+@jit
+def _head_update_kernel(lengths_ptr, pos_ptr, valid_ptr, fill_ptr, mask_ptr, slots_ptr, new_len_ptr, last_ptr,
+                        M, trash, write_width, stride_ob, stride_oq,
+                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (entry, row): the row's new length from all its entries, this entry's slot and mask row
+    (committed slots up to its own position), and, for entry 0, the row's length and last real entry."""
+    t = tl.program_id(0)
+    row = tl.program_id(1)
+    zero = tl.load(fill_ptr)
+    hidden = tl.load(fill_ptr + 1)
+    e = tl.arange(0, BLOCK_M)
+    e_in = e < M
+    pos_all = tl.load(pos_ptr + row * M + e, mask=e_in, other=0)
+    ok_all = (tl.load(valid_ptr + row * M + e, mask=e_in, other=0) != 0) & e_in
+    new_len = tl.maximum(tl.load(lengths_ptr + row), tl.max(tl.where(ok_all, pos_all + 1, 0), axis=0))
+    if t == 0:
+        tl.store(new_len_ptr + row, new_len)
+        tl.store(last_ptr + row, tl.max(tl.where(ok_all, e, -1), axis=0).to(tl.int64))
+    pos = tl.load(pos_ptr + row * M + t)
+    flag = tl.load(valid_ptr + row * M + t)
+    tl.store(slots_ptr + row * M + t, tl.where(flag != 0, pos, trash))
+    out_row = mask_ptr + row * stride_ob + t * stride_oq
+    for start in range(0, write_width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        seen = ((cols < new_len) & (cols <= pos)) | ((flag == 0) & (cols == 0))
+        tl.store(out_row + cols, tl.where(seen, zero, hidden), mask=cols < write_width)
+
+
+def head_update_mask(lengths: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, capacity: int,
+                     dtype: torch.dtype, *, alignment: int = 8) -> HeadUpdate:
+    """The mask, slots and new lengths of a draft head's update forward over its committed entries, in one launch.
+
+    A draft head's cache is slot-addressed (slot = position). An update runs the head over each row's ``M``
+    newly committed entries (padding where ``valid`` is False) and writes their keys at their positions::
+
+        slots[b, t]    = positions[b, t] if valid[b, t] else C - 1            (the trash slot)
+        lengths'[b]    = max(lengths[b], max_t {positions[b, t] + 1 : valid[b, t]})
+        seen[b, t, s]  = (s < lengths'[b] and s <= positions[b, t])  or  (not valid[b, t] and s == 0)
+        last[b]        = max {t : valid[b, t]}, or -1
+
+    The mask is ``seen`` (bool) or ``where(seen, 0, finfo(dtype).min)``, rows padded to ``alignment`` (as
+    :func:`specdec.masks.to_aligned_additive_mask` pads them); a padding entry also sees slot 0, so that its row is
+    finite (its output is never used). No host sync; shapes fixed by ``(B, M, C)``, so CUDA graphs capture it. The
+    EAGLE drafter's ``update`` ran this as about sixteen torch kernels (and the attention converted the bool mask:
+    three more).
+
+    Dispatch: the Triton kernel when the tensors are on CUDA and triton imports, :func:`head_update_mask_ref`
+    otherwise (see :func:`specdec.kernels.kernel_mode`).
+
+    Args:
+        lengths: Shape ``[B]`` int64, committed slots per row before the update.
+        positions: Shape ``[B, M]`` int64, the entries' positions (``< capacity - 1``).
+        valid: Shape ``[B, M]`` bool, real entries.
+        capacity: ``C``, the cache's slots.
+        dtype: ``torch.bool`` or a floating dtype (additive).
+        alignment: row stride multiple of the mask.
+
+    Returns:
+        A :class:`HeadUpdate` ``(mask [B, 1, M, C], slots [B, M], lengths [B], last [B])``.
+
+    Example:
+        >>> u = head_update_mask(torch.tensor([2]), torch.tensor([[2, 3]]), torch.tensor([[True, False]]), 6,
+        ...                      torch.bool)
+        >>> u.mask[0, 0].int().tolist(), u.slots.tolist(), u.lengths.tolist(), u.last.tolist()
+        ([[1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0]], [[2, 5]], [3], [0])
+
+    References:
+        EAGLE arXiv 2401.15077 (the draft head's cache over the accepted tokens).
+    """
+    B, M = _check_update(lengths, positions, valid, capacity, dtype, alignment)
+    if not use_kernel("head_update_mask", lengths, positions, valid):
+        return head_update_mask_ref(lengths, positions, valid, capacity, dtype, alignment=alignment)
+    device = positions.device
+    storage = _aligned_empty(B, M, capacity, dtype, device, alignment)
+    mask, write_width = storage[..., :capacity], storage.shape[-1]
+    slots = torch.empty(B, M, dtype=torch.long, device=device)
+    new_lengths = torch.empty(B, dtype=torch.long, device=device)
+    last = torch.empty(B, dtype=torch.long, device=device)
+    if B:
+        target = mask.view(torch.uint8) if dtype == torch.bool else mask
+        ok = valid.to(torch.uint8) if valid.dtype != torch.uint8 else valid
+        _head_update_kernel[(M, B)](lengths.long().contiguous(), positions.long().contiguous(), ok.contiguous(),
+                                    _head_fill_values(dtype, device), target, slots, new_lengths, last, M,
+                                    capacity - 1, write_width, target.stride(0), target.stride(2),
+                                    BLOCK_M=max(2, next_pow2(M)), BLOCK=min(512, next_pow2(write_width)))
+    return HeadUpdate(mask, slots, new_lengths, last)
