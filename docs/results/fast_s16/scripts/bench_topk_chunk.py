@@ -1,5 +1,6 @@
 """Session 16: log_softmax_topk's chunk width on the 7B head's rows ([1, 32000] root, [10, 32000] level), k = 10."""
 import torch
+
 import specdec.kernels.topk as T
 
 dev = "cuda"
@@ -16,11 +17,13 @@ for chunk in (4096, 2048, 1024, 512):
         with torch.cuda.graph(g):
             for _ in range(20):
                 T.log_softmax_topk(x, 10)
-        g.replay(); torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         for _ in range(10):
             g.replay()
-        e.record(); torch.cuda.synchronize()
+        e.record()
+        torch.cuda.synchronize()
         line.append(f"[{r}, 32000]: {s.elapsed_time(e) * 1e3 / 200:6.2f} us (same {same})")
     print("  ".join(line))

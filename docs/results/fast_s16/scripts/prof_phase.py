@@ -1,7 +1,6 @@
 """Session 14: session 13's 7B step profile (phases, kernels); env ROWS = batch, SKINNY = linear_skinny's rows."""
 import os
 import sys
-import time
 
 import torch
 
@@ -69,9 +68,11 @@ for _ in range(6):
     state = step(adapter, state, drafter=drafter, num_drafts=6, sync=False).state
 torch.cuda.synchronize()
 from torch.autograd import DeviceType  # noqa: E402
+
 N = 10
 PHASES.append(1)
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as p:
+ACTS = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+with torch.profiler.profile(activities=ACTS) as p:
     for _ in range(N):
         state = step(adapter, state, drafter=drafter, num_drafts=6, sync=False).state
     torch.cuda.synchronize()
@@ -88,6 +89,7 @@ TOP = int(os.environ.get("TOP", "45"))
 for ph, ks in by.items():
     prof = kernel_summary(ks, N, top=TOP)
     span = sum(r[2] - r[1] for r in ranges if r[0] == ph) / N
-    print(f"== {ph}: kernels/step {prof['kernels_per']}, GPU busy {prof['gpu_busy_us_per']} us, host range {span:.0f} us")
+    print(f"== {ph}: kernels/step {prof['kernels_per']}, GPU busy {prof['gpu_busy_us_per']} us, "
+          f"host range {span:.0f} us")
     for row in prof["top"]:
         print("   ", row)

@@ -1,6 +1,8 @@
 """Session 16: tree attention of the 7B verify at batch 1 with the keys L2-cold (32 layers' caches, as in a step)."""
 import itertools
+
 import torch
+
 from specdec.kernels.tree_attention import _tree_attention_triton, tree_attention_launch
 
 dev, dt = "cuda", torch.bfloat16
@@ -30,7 +32,8 @@ def bench(cfg):
     out = _tree_attention_triton(qs[0], ks[0], vs[0], mask, None, kv_end=end, block_m=bm, num_splits=ns,
                                  tile_s=ts, num_warps=w, num_stages=st)
     err = (out.float() - ref.float()).abs().max().item()
-    run(); torch.cuda.synchronize()
+    run()
+    torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         run()
@@ -41,7 +44,8 @@ def bench(cfg):
     s.record()
     for _ in range(20):
         g.replay()
-    e.record(); torch.cuda.synchronize()
+    e.record()
+    torch.cuda.synchronize()
     return s.elapsed_time(e) * 1e3 / 20 / L, err
 
 
@@ -50,7 +54,7 @@ for cfg in [default] + [c for c in itertools.product((32, 64), (1, 2, 3, 4, 6, 8
                         if c != default]:
     try:
         us, err = bench(cfg)
-    except Exception as exc:  # noqa: BLE001
+    except Exception:  # noqa: BLE001
         continue
     rows.append((us, cfg, err))
 rows.sort()
