@@ -627,7 +627,7 @@ def head_update_mask(lengths: torch.Tensor, positions: torch.Tensor, valid: torc
     last = torch.empty(B, dtype=torch.long, device=device)
     if B:
         target = mask.view(torch.uint8) if dtype == torch.bool else mask
-        ok = valid.to(torch.uint8) if valid.dtype != torch.uint8 else valid
+        ok = valid.view(torch.uint8) if valid.dtype == torch.bool else valid.to(torch.uint8)  # bool: no copy
         _head_update_kernel[(M, B)](lengths.long().contiguous(), positions.long().contiguous(), ok.contiguous(),
                                     _head_fill_values(dtype, device), target, slots, new_lengths, last, M,
                                     capacity - 1, write_width, target.stride(0), target.stride(2),
