@@ -25,6 +25,12 @@ figure is the step's wall time):
   compaction, on each adapter; ``fast_spec_kernels``: the fast one with the fused element-wise ops on. The fast
   rows run ``step(..., sync=False)`` as ``generate()`` does (since session 9: the speculative step is then one
   captured forward + verification + late commit; before, these rows timed the synchronous step).
+- ``fast_spec_fr``: ``fast_spec`` with the head's ``lm_head`` cut to ``--draft-vocab`` target ids
+  (:meth:`~specdec.heads.Eagle1Head.restrict_vocab`, FR-Spec; lossless, the drafts may differ).
+
+``--queued N`` times N steps queued back to back per run (no sync between, as ``generate()`` queues them) and
+reports the time / N: the step inside a decoding loop, where the host's launches for the next step overlap the
+device's work. The default (1) times each step alone, from an idle device.
 
 Every measurement runs in its own ``try``: a failure is recorded in the results instead of ending the run. Prints a
 Markdown table; ``--out DIR`` writes ``results.json`` and ``results.md``.
@@ -83,8 +89,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn, *, warmup: int, reps: int, device: str) -> float:
-    """Median milliseconds of ``fn()`` (CUDA events on CUDA, each run followed by a sync; wall clock elsewhere)."""
+def time_ms(fn, *, warmup: int, reps: int, device: str, queued: int = 1) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events on CUDA, each run followed by a sync; wall clock elsewhere).
+
+    ``queued > 1``: each run calls ``fn()`` that many times back to back (no sync between, as a decoding loop queues
+    its steps) and counts the elapsed time / ``queued``: the step's time in a loop, where the host's launches for
+    the next step overlap the device's work on the last one. ``queued = 1``: the step alone, from an idle device."""
     import time
 
     for _ in range(warmup):
@@ -95,14 +105,16 @@ def time_ms(fn, *, warmup: int, reps: int, device: str) -> float:
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            for _ in range(queued):
+                fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(start.elapsed_time(end) / queued)
         else:
             t = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t))
+            for _ in range(queued):
+                fn()
+            times.append(1e3 * (time.perf_counter() - t) / queued)
     return statistics.median(times)
 
 
@@ -188,14 +200,15 @@ def gptfast_step(path: str, shape: dict, batch: int, context: int, device: str, 
     return run, model
 
 
-def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: str, only=None) -> None:
-    """``results[name] = median ms`` of the closure ``make()`` returns, or the error it raised (nothing when
-    ``only`` is given and does not name it)."""
+def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: str, only=None,
+            queued: int = 1) -> None:
+    """``results[name] = median ms`` of the closure ``make()`` returns (``queued``: see :func:`time_ms`), or the
+    error it raised (nothing when ``only`` is given and does not name it)."""
     if only and name not in only:
         return
     try:
         fn = make()
-        results[name] = round(time_ms(fn, warmup=warmup, reps=reps, device=device), 4)
+        results[name] = round(time_ms(fn, warmup=warmup, reps=reps, device=device, queued=queued), 4)
     except Exception as err:  # a benchmark records failures instead of dying
         results[name] = None
         results.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"
@@ -208,15 +221,17 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
 COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn", "fast_plain_ops",
            "fast_plain_kernels",
            "fast_plain_compiled", "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_kernels",
-           "fast_spec_compiled"]
+           "fast_spec_compiled", "fast_spec_fr"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
     """The results as a Markdown table (ms per step; ratios last)."""
     head = ["batch"] + [f"{c} ms" for c in COLUMNS] + ["fast_plain / floor", "fast_spec / fast_plain",
-                                                         "eager_plain / fast_plain"]
+                                                         "fast_spec_fr / fast_plain", "eager_plain / fast_plain"]
     lines = [f"{meta['shape_name']} shape, random weights, {meta['dtype']}, context {meta['context']}, "
-             f"EAGLE-2 tree {TREE}; copy bandwidth {meta['bandwidth_TBps']:.2f} TB/s", "",
+             f"EAGLE-2 tree {TREE}; copy bandwidth {meta['bandwidth_TBps']:.2f} TB/s; "
+             f"{meta.get('queued', 1)} step(s) queued per timed run; fast_spec_fr: draft vocabulary "
+             f"{meta.get('draft_vocab')}", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def ratio(a, b):
@@ -225,20 +240,21 @@ def to_markdown(rows: dict, meta: dict) -> str:
     for batch, r in rows.items():
         cells = [str(batch)] + [f"{r[c]:.2f}" if r.get(c) else "-" for c in COLUMNS]
         cells += [ratio(r.get("fast_plain"), r.get("floor")), ratio(r.get("fast_spec"), r.get("fast_plain")),
-                  ratio(r.get("eager_plain"), r.get("fast_plain"))]
+                  ratio(r.get("fast_spec_fr"), r.get("fast_plain")), ratio(r.get("eager_plain"), r.get("fast_plain"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torch.dtype, bandwidth: float) -> dict:
+def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torch.dtype, bandwidth: float,
+                fr_drafter=None) -> dict:
     """Every measurement at one batch size (ms per step; ``errors`` holds what failed)."""
     r = {}
     shape = TINY if args.tiny else LLAMA2_7B
     ids = torch.randint(0, shape["vocab_size"], (batch, args.context), device=device,
                         generator=torch.Generator(device=device).manual_seed(batch))
-    kw = dict(warmup=args.warmup, reps=args.reps, device=device, only=args.only)
+    kw = dict(warmup=args.warmup, reps=args.reps, device=device, only=args.only, queued=args.queued)
     # Each speculative step commits at most depth + 1 tokens (warm-up runs included).
-    capacity = capacity_for(args.context, (args.warmup + args.reps) * (TREE["depth"] + 1), 128)
+    capacity = capacity_for(args.context, (args.warmup + args.reps * args.queued) * (TREE["depth"] + 1), 128)
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
     measure(r, "eager_plain", lambda: specdec_step(ModelAdapter(model), ids), **kw)
     measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw)
@@ -270,6 +286,9 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     with decode_kernels(fused_ops=True):  # the verify forward's element-wise ops fused (its 61 tokens: no GEMV)
         measure(r, "fast_spec_kernels", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
                                                              drafter, TREE["depth"], sync=False), **kw)
+    if fr_drafter is not None:  # FR-Spec: the head's lm_head over a subset of the vocabulary (lossless)
+        measure(r, "fast_spec_fr", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                        fr_drafter, TREE["depth"], sync=False), **kw)
     if args.compile and (args.compile_batches is None or batch in args.compile_batches):
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
@@ -289,6 +308,10 @@ def main(argv=None):
     parser.add_argument("--context", type=int, default=512, help="prompt tokens per row")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--queued", type=int, default=1,
+                        help="steps queued back to back per timed run (1: each step alone from an idle device)")
+    parser.add_argument("--draft-vocab", type=int, default=8192,
+                        help="fast_spec_fr: the head drafts over this many target ids (FR-Spec; 0: skip the row)")
     parser.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/) to time gpt-fast too")
     parser.add_argument("--compile", action="store_true",
                         help="also time the fast path with torch.compile before capture (minutes of compiling)")
@@ -310,13 +333,22 @@ def main(argv=None):
     meta = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype=str(dtype),
                 context=args.context, shape=shape, shape_name="tiny" if args.tiny else "Llama-2-7B", tree=TREE,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
-                bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps)
+                bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
+                draft_vocab=args.draft_vocab)
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
     drafter = recipes.eagle2(head, **TREE)
+    fr_drafter = None
+    if args.draft_vocab and (not args.only or "fast_spec_fr" in args.only):
+        # the same head's weights, its lm_head cut to draft_vocab random ids (which ids does not change the time)
+        fr_head = Eagle1Head.from_target(model)
+        fr_head.load_state_dict(head.state_dict())
+        V = shape["vocab_size"]
+        kept = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:min(args.draft_vocab, V)].sort().values
+        fr_drafter = recipes.eagle2(fr_head.restrict_vocab(kept), **TREE)
     rows = {}
     for batch in args.batches:
-        rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth)
+        rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter)
         print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
     table = to_markdown(rows, meta)
     print(table)

@@ -10,10 +10,15 @@ import specdec.static
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_tiny_shape_measures_every_row_and_the_fast_speculative_step_is_the_captured_one(monkeypatch):
+def _bench():
     spec = importlib.util.spec_from_file_location("bench_fast_7b", ROOT / "examples" / "bench_fast_7b.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_tiny_shape_measures_every_row_and_the_fast_speculative_step_is_the_captured_one(monkeypatch):
+    bench = _bench()
     calls = []
     original = specdec.static.StaticAdapter.forward_commit
 
@@ -25,6 +30,27 @@ def test_the_tiny_shape_measures_every_row_and_the_fast_speculative_step_is_the_
     row = rows[2]
     assert not row.get("errors"), row.get("errors")
     for name in ("hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn",
-                 "fast_plain_kernels", "eager_spec", "fast_spec", "fast_spec_kernels", "floor"):
+                 "fast_plain_kernels", "eager_spec", "fast_spec", "fast_spec_kernels", "fast_spec_fr", "floor"):
         assert math.isfinite(row[name]) and row[name] > 0, (name, row)
     assert len(calls) >= 3  # the fast speculative step's warm-up and timed runs: forward + verify + commit captured
+
+
+def test_queued_runs_time_that_many_steps_and_the_restricted_head_drafts_its_subset(monkeypatch):
+    bench = _bench()
+    steps, drafted = [], []
+    original = specdec.static.StaticAdapter.forward_commit
+
+    def counted(self, cache, nodes, *args, **kwargs):
+        steps.append(1)
+        present = args[2][:, 1:]  # (parents, positions, present, ...): the drafts that are there
+        drafted.append(nodes[:, 1:][present].tolist())
+        return original(self, cache, nodes, *args, **kwargs)
+    monkeypatch.setattr(specdec.static.StaticAdapter, "forward_commit", counted)
+    rows = bench.main(["--tiny", "--batches", "1", "--reps", "2", "--warmup", "1", "--context", "16", "--queued",
+                       "3", "--draft-vocab", "40", "--only", "fast_spec_fr"])
+    assert not rows[1].get("errors") and rows[1]["fast_spec_fr"] > 0
+    assert len(steps) == 1 + 2 * 3  # the warm-up, then two timed runs of three queued steps
+    V = bench.TINY["vocab_size"]
+    import torch
+    kept = set(torch.randperm(V, generator=torch.Generator().manual_seed(2))[:40].tolist())
+    assert all(ids and set(ids) <= kept for ids in drafted)

@@ -432,6 +432,10 @@ class Eagle1Head(_EagleHead):
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
         self.register_buffer("lm_head_bias", None if lm_head_bias is None else lm_head_bias.detach(),
                              persistent=False)
+        # The full output projection, kept (shared storage) so that restrict_vocab can be undone or redone.
+        self.register_buffer("full_lm_head_weight", self.lm_head_weight, persistent=False)
+        self.register_buffer("full_lm_head_bias", self.lm_head_bias, persistent=False)
+        self.register_buffer("draft_ids", None, persistent=False)  # [V'] target ids of a restricted vocabulary
         self._init_weights()
 
     @classmethod
@@ -485,11 +489,75 @@ class Eagle1Head(_EagleHead):
             hidden: Shape ``[..., H]``.
 
         Returns:
-            Shape ``[..., V]``.
+            Shape ``[..., V]``; ``[..., V']`` after :meth:`restrict_vocab` (column ``i`` = target id
+            ``draft_ids[i]``).
         """
         w = self.lm_head_weight.to(hidden.dtype)
         b = None if self.lm_head_bias is None else self.lm_head_bias.to(hidden.dtype)
         return F.linear(hidden, w, b)
+
+    def restrict_vocab(self, draft_vocab: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None) -> Eagle1Head:
+        """Draft over a subset of the vocabulary (FR-Spec): the ``lm_head`` keeps only the subset's rows.
+
+        Every draft level's ``lm_head`` then reads ``V' x H`` instead of ``V x H`` weights (at the Llama-2-7B
+        shape and ``V' = 8192``: 67 MB instead of 262 MB per level) and its top-k / log-softmax run over ``V'``
+        columns; the scores are the head's distribution renormalised over the subset. Verification is by the
+        target and unchanged, so decoding stays **lossless** (greedy outputs identical, sampled ones exactly the
+        target's law); only the drafts can change, and a token outside the subset can never be drafted (pick the
+        most frequent tokens: :func:`specdec.training.build_draft_vocab`,
+        :func:`specdec.training.draft_vocab_size_for_coverage`). Restrict before building the drafter (a
+        captured drafter keeps the logits' width it was captured with). The restriction is not saved with the
+        head (EAGLE-1 checkpoints carry no ``lm_head``): apply it again after loading.
+
+        Args:
+            draft_vocab: ``(d2t, t2d)`` as :func:`~specdec.training.build_draft_vocab` returns them, or the kept
+                target ids (Shape ``[V']`` int64, strictly increasing, in ``[0, V)``); ``None`` restores the full
+                vocabulary.
+
+        Returns:
+            ``self`` (changed in place).
+
+        Raises:
+            ValueError: ids not strictly increasing or outside ``[0, V)``, or ``(d2t, t2d)`` inconsistent.
+
+        Example:
+            >>> d2t, t2d = build_draft_vocab(token_counts, 8192)      # doctest: +SKIP
+            >>> head.restrict_vocab((d2t, t2d))                        # doctest: +SKIP
+
+        References:
+            FR-Spec, Zhao et al., arXiv 2502.14856 (frequency-ranked draft vocabulary for EAGLE-2).
+        """
+        full_w, full_b = self.full_lm_head_weight, self.full_lm_head_bias
+        if draft_vocab is None:
+            self.lm_head_weight, self.lm_head_bias, self.draft_ids = full_w, full_b, None
+            return self
+        V = self.config.vocab_size
+        if isinstance(draft_vocab, (tuple, list)):
+            d2t, t2d = draft_vocab
+            check_draft_vocab(d2t, t2d, V)
+            ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
+        else:
+            ids = torch.as_tensor(draft_vocab)
+        ids = ids.to(device=full_w.device, dtype=torch.long).flatten()
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= V or (ids.numel() > 1 and
+                                                                               bool((ids[1:] <= ids[:-1]).any())):
+            raise ValueError(f"a restricted draft vocabulary must be 1..{V} strictly increasing target ids in "
+                             f"[0, {V}); build one with specdec.training.build_draft_vocab(token_counts, size)")
+        self.lm_head_weight = full_w.index_select(0, ids).contiguous()
+        self.lm_head_bias = None if full_b is None else full_b.index_select(0, ids).contiguous()
+        self.draft_ids = ids
+        return self
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map column indices of :meth:`logits` to target ids (identity unless :meth:`restrict_vocab` was used).
+
+        Args:
+            draft_ids: Shape any, int64 in ``[0, V')``.
+
+        Returns:
+            Target ids, same shape.
+        """
+        return draft_ids if self.draft_ids is None else self.draft_ids[draft_ids]
 
 
 class Eagle3Head(_EagleHead):

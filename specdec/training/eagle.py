@@ -504,3 +504,6 @@ def _check_head_target(head, target) -> None:
     if head.config.feature_size != hidden:
         raise ValueError(f"the head was made for a target hidden size of {head.config.feature_size} but the target "
                          f"has {hidden}")
+    if getattr(head, "draft_ids", None) is not None:
+        raise ValueError("the EAGLE-1 head's vocabulary is restricted (restrict_vocab): train it over the full "
+                         "vocabulary (head.restrict_vocab(None)) and restrict it for inference afterwards")
