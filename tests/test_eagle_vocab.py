@@ -125,3 +125,9 @@ def test_sampled_tree_puts_no_mass_outside_the_kept_ids(target):
     assert probs[:, outside].abs().max() == 0
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[0]))
     assert torch.isin(draft.tokens[present], _subset(50, seed=2)).all()
+
+
+def test_from_target_restricts_at_once(target):
+    head = Eagle1Head.from_target(target, draft_vocab=_subset(25, seed=4)).float()
+    assert torch.equal(head.draft_ids, _subset(25, seed=4))
+    assert head.logits(torch.randn(2, head.config.hidden_size)).shape == (2, 25)

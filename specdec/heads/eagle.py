@@ -440,7 +440,8 @@ class Eagle1Head(_EagleHead):
 
     @classmethod
     def from_target(cls, target, *, num_layers: int = 1, fc_bias: bool = True,
-                    intermediate_size: int | None = None) -> Eagle1Head:
+                    intermediate_size: int | None = None,
+                    draft_vocab: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None = None) -> Eagle1Head:
         """A fresh (randomly initialised) EAGLE-1 head shaped like one decoder layer of ``target``.
 
         Args:
@@ -448,6 +449,8 @@ class Eagle1Head(_EagleHead):
             num_layers: decoder layers of the head.
             fc_bias: give ``fc`` a bias (the authors' default).
             intermediate_size: MLP width (default: the target's).
+            draft_vocab: draft over this subset of the vocabulary (:meth:`restrict_vocab`; for inference only:
+                a restricted head is not trained). ``None``: the full vocabulary.
 
         Returns:
             An :class:`Eagle1Head` on the target's device and dtype.
@@ -461,7 +464,8 @@ class Eagle1Head(_EagleHead):
         out = target.get_output_embeddings()
         bias = getattr(out, "bias", None)
         head = cls(config, target.get_input_embeddings().weight, out.weight, bias)
-        return head.to(device=out.weight.device, dtype=out.weight.dtype)
+        head = head.to(device=out.weight.device, dtype=out.weight.dtype)
+        return head if draft_vocab is None else head.restrict_vocab(draft_vocab)
 
     def _inputs(self, input_ids, hidden):
         if fused_inference(hidden):  # the embedding rows and the hidden states written side by side, one launch
