@@ -131,3 +131,18 @@ def test_from_target_restricts_at_once(target):
     head = Eagle1Head.from_target(target, draft_vocab=_subset(25, seed=4)).float()
     assert torch.equal(head.draft_ids, _subset(25, seed=4))
     assert head.logits(torch.randn(2, head.config.hidden_size)).shape == (2, 25)
+
+
+def test_an_unrestricted_head_holds_the_projection_once_and_restrictions_chain(target):
+    """Unrestricted: no second reference to the lm_head (so .to() converts it once); restricting twice cuts the full
+    projection both times, not the first subset."""
+    head = _head(target)
+    assert head.full_lm_head_weight is None and head.lm_head_weight.data_ptr() == \
+        target.get_output_embeddings().weight.data_ptr()
+    hidden = torch.randn(4, head.config.hidden_size)
+    full = head.logits(hidden)
+    head.restrict_vocab(_subset(30)).restrict_vocab(_subset(50, seed=6))
+    torch.testing.assert_close(head.logits(hidden), full[:, _subset(50, seed=6)], rtol=0, atol=0)
+    head.restrict_vocab(None)
+    assert head.full_lm_head_weight is None and head.draft_ids is None
+    torch.testing.assert_close(head.logits(hidden), full, rtol=0, atol=0)

@@ -432,9 +432,10 @@ class Eagle1Head(_EagleHead):
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
         self.register_buffer("lm_head_bias", None if lm_head_bias is None else lm_head_bias.detach(),
                              persistent=False)
-        # The full output projection, kept (shared storage) so that restrict_vocab can be undone or redone.
-        self.register_buffer("full_lm_head_weight", self.lm_head_weight, persistent=False)
-        self.register_buffer("full_lm_head_bias", self.lm_head_bias, persistent=False)
+        # While the vocabulary is restricted: the full output projection (so that restrict_vocab can be undone or
+        # redone) and the kept ids. None otherwise, so that .to() never converts the projection twice.
+        self.register_buffer("full_lm_head_weight", None, persistent=False)
+        self.register_buffer("full_lm_head_bias", None, persistent=False)
         self.register_buffer("draft_ids", None, persistent=False)  # [V'] target ids of a restricted vocabulary
         self._init_weights()
 
@@ -531,9 +532,13 @@ class Eagle1Head(_EagleHead):
         References:
             FR-Spec, Zhao et al., arXiv 2502.14856 (frequency-ranked draft vocabulary for EAGLE-2).
         """
-        full_w, full_b = self.full_lm_head_weight, self.full_lm_head_bias
+        if self.draft_ids is None:
+            full_w, full_b = self.lm_head_weight, self.lm_head_bias
+        else:
+            full_w, full_b = self.full_lm_head_weight, self.full_lm_head_bias
         if draft_vocab is None:
-            self.lm_head_weight, self.lm_head_bias, self.draft_ids = full_w, full_b, None
+            self.lm_head_weight, self.lm_head_bias = full_w, full_b
+            self.full_lm_head_weight = self.full_lm_head_bias = self.draft_ids = None
             return self
         V = self.config.vocab_size
         if isinstance(draft_vocab, (tuple, list)):
@@ -547,6 +552,7 @@ class Eagle1Head(_EagleHead):
                                                                                bool((ids[1:] <= ids[:-1]).any())):
             raise ValueError(f"a restricted draft vocabulary must be 1..{V} strictly increasing target ids in "
                              f"[0, {V}); build one with specdec.training.build_draft_vocab(token_counts, size)")
+        self.full_lm_head_weight, self.full_lm_head_bias = full_w, full_b
         self.lm_head_weight = full_w.index_select(0, ids).contiguous()
         self.lm_head_bias = None if full_b is None else full_b.index_select(0, ids).contiguous()
         self.draft_ids = ids
