@@ -16,7 +16,8 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
   with ``capture_chain=False`` ("level by level": one replay per level); and the first K with the draft model eager;
 - ``specdec fast prompt lookup``: ``PromptLookupDrafter(fixed_width=True)`` (no host sync in ``propose``);
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
-  parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` when given.
+  parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` / ``--medusa`` when given (Medusa: the
+  ``mc_sim_7b_63`` tree of ``recipes.medusa``).
 
 Per method: tokens/s, speedup against HF vanilla, ratio against gpt-fast vanilla, tau (tokens per target forward),
 and the share of prompts whose output equals gpt-fast vanilla's and HF vanilla's. Then batch 4 and 16 (left-padded
@@ -98,7 +99,7 @@ def quick_models(device):
     """Tiny random Llama target and draft (CPU smoke mode), float32, with random EAGLE-1/EAGLE-3 heads."""
     import transformers
 
-    from specdec.heads import Eagle1Head, Eagle3Head
+    from specdec.heads import Eagle1Head, Eagle3Head, MedusaHead
 
     def build(layers, hidden, seed):
         config = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -111,7 +112,8 @@ def quick_models(device):
     target, draft = build(4, 64, 0), build(1, 32, 1)
     torch.manual_seed(2)
     heads = {"eagle2": Eagle1Head.from_target(target).to(device).eval(),
-             "eagle3": Eagle3Head.from_target(target).to(device).eval()}
+             "eagle3": Eagle3Head.from_target(target).to(device).eval(),
+             "medusa": MedusaHead.from_target(target, num_heads=4).to(device).eval()}
     return target, draft, heads
 
 
@@ -260,7 +262,7 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
         lambda: PromptLookupDrafter(num_drafts=args.lookup_k, fixed_width=True), True)
     recipes = {"eagle2": ("EAGLE-2", sd.recipes.eagle2), "eagle3": ("EAGLE-3", sd.recipes.eagle3),
                "peagle": ("P-EAGLE", sd.recipes.peagle), "dflash": ("DFlash", sd.recipes.dflash),
-               "dspark": ("DSpark", sd.recipes.dspark)}
+               "dspark": ("DSpark", sd.recipes.dspark), "medusa": ("Medusa", sd.recipes.medusa)}
     for key, head in heads.items():
         label, recipe = recipes[key]
         makers[f"specdec fast {label}"] = (lambda recipe=recipe, head=head: recipe(head), True)
@@ -293,7 +295,7 @@ def load_heads(args, target, device, dtype) -> dict:
     """The draft heads given on the command line, by recipe key (a failed load is reported and skipped)."""
     loaders = {"eagle2": sd.formats.load_eagle_head, "eagle3": sd.formats.load_eagle_head,
                "peagle": sd.formats.load_peagle_head, "dflash": sd.formats.load_dflash_head,
-               "dspark": sd.formats.load_dflash_head}
+               "dspark": sd.formats.load_dflash_head, "medusa": sd.formats.load_medusa_head}
     heads = {}
     for key, load in loaders.items():
         path = getattr(args, key)
@@ -532,7 +534,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--draft")
     ap.add_argument("--data")
     ap.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/); no gpt-fast rows without")
-    for key in ("eagle2", "eagle3", "peagle", "dflash", "dspark"):
+    for key in ("eagle2", "eagle3", "peagle", "dflash", "dspark", "medusa"):
         ap.add_argument(f"--{key}", default=None, help=f"{key} head folder (specdec.formats loader)")
     ap.add_argument("--num-prompts", type=int, default=30)
     ap.add_argument("--prompt-tokens", type=int, default=256)

@@ -24,7 +24,7 @@ def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
     expected = ["HF vanilla", "specdec eager plain", "specdec fast plain", "specdec fast SpS K=4",
                 "specdec fast SpS K=4, level by level", "specdec fast SpS K=6", "specdec fast SpS K=6, level by level",
                 "specdec fast SpS K=4, eager draft", "specdec fast prompt lookup K=10", "specdec fast EAGLE-2",
-                "specdec fast EAGLE-3"]
+                "specdec fast EAGLE-3", "specdec fast Medusa"]
     assert [m for b, m in rows if b == 1] == expected
     assert [m for b, m in rows if b == 2] == ["HF vanilla", "specdec eager plain", "specdec fast plain",
                                               "specdec fast EAGLE-3"]
