@@ -341,11 +341,11 @@ def main(argv=None):
     fr_drafter = None
     if args.draft_vocab and (not args.only or "fast_spec_fr" in args.only):
         # the same head's weights, its lm_head cut to draft_vocab random ids (which ids does not change the time)
-        fr_head = Eagle1Head.from_target(model)
-        fr_head.load_state_dict(head.state_dict())
         V = shape["vocab_size"]
         kept = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:min(args.draft_vocab, V)].sort().values
-        fr_drafter = recipes.eagle2(fr_head.restrict_vocab(kept), **TREE)
+        fr_head = Eagle1Head.from_target(model, draft_vocab=kept)
+        fr_head.load_state_dict(head.state_dict())
+        fr_drafter = recipes.eagle2(fr_head, **TREE)
     rows = {}
     for batch in args.batches:
         rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter)
