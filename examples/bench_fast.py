@@ -39,6 +39,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -313,11 +314,27 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def capture_tally(method: Callable, target=None) -> dict[str, int]:
+    """Counters that move when a call captures or rebuilds instead of replaying: the method's drafter's
+    (``GraphedDrafter.counts``: captures, eager steps, buffer changes) and the fast path's for ``target``
+    (:func:`specdec.static.held_graphs`, summed over its held buffers: builds, captures)."""
+    counts = dict(getattr(getattr(method, "drafter", None), "counts", None) or {})
+    tally = {f"drafter {k}": v for k, v in counts.items() if k != "replays"}
+    if target is not None:
+        held = sd.static.held_graphs(target).values()
+        tally.update({"target builds": sum(h["builds"] for h in held),
+                      "target captures": sum(h["captures"] for h in held)})
+    return tally
+
+
 def time_methods(methods: dict[str, Callable], inputs: list, *, warmup: int, max_seconds: float | None, device,
-                 errors: dict, label: str) -> dict:
+                 errors: dict, label: str, target=None, timing: dict | None = None) -> dict:
     """Time every method on every input, interleaved per input, after ``warmup`` untimed inputs.
 
-    A method that raises is recorded in ``errors`` and dropped. Returns, per method, its runs and seconds.
+    A method that raises is recorded in ``errors`` and dropped. Returns, per method, its runs and seconds. With a
+    ``timing`` dict, also fills, per method, ``per_input_s`` (each timed call's seconds) and ``captured_while_timed``
+    (what :func:`capture_tally` moved by inside the timed calls: nonzero means the figure holds capture or
+    rebuild time a longer run would not pay per call).
     """
     from tqdm.auto import tqdm
 
@@ -338,24 +355,36 @@ def time_methods(methods: dict[str, Callable], inputs: list, *, warmup: int, max
     runs = {name: [] for name in methods}
     seconds = {name: 0.0 for name in methods}
     start = time.perf_counter()
+    per_input = {name: [] for name in methods}
+    moved = {name: collections.Counter() for name in methods}
     for ids in tqdm(inputs, desc=label):
         for name in list(live):
+            before = capture_tally(live[name], target)
             _sync(device)
             t0 = time.perf_counter()
             out = call(name, ids)
             _sync(device)
             if out is not None:
-                seconds[name] += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                seconds[name] += dt
+                per_input[name].append(round(dt, 5))
                 runs[name].append(out)
+                after = capture_tally(live[name], target)
+                moved[name].update({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
         if max_seconds is not None and time.perf_counter() - start > max_seconds:
             break
     done = min((len(runs[name]) for name in live), default=0)  # every live method on the same inputs
+    if timing is not None:
+        for name in live:
+            timing[name] = {"per_input_s": per_input[name][:done], "captured_while_timed": dict(moved[name])}
     return {name: (runs[name][:done], seconds[name] * done / max(len(runs[name]), 1))
             for name in live if runs[name]}
 
 
-def summarise(timed: dict, *, batch: int) -> list[dict]:
-    """Per method: tokens/s, speedup vs HF vanilla, ratio vs gpt-fast vanilla, tau, same-output rates."""
+def summarise(timed: dict, *, batch: int, timing: dict | None = None) -> list[dict]:
+    """Per method: tokens/s, speedup vs HF vanilla, ratio vs gpt-fast vanilla, tau, same-output rates; ms per
+    decoding step where steps are counted; with ``timing`` (from :func:`time_methods`), each call's seconds and
+    what was captured or rebuilt while timed."""
     hf = timed.get("HF vanilla")
     gf = timed.get("gpt-fast vanilla")
 
@@ -377,7 +406,9 @@ def summarise(timed: dict, *, batch: int) -> list[dict]:
         rows.append(dict(method=name, batch=batch, inputs=len(runs), tokens_per_s=tps, seconds=secs,
                          speedup_vs_hf=tps / rate("HF vanilla") if hf else None,
                          ratio_vs_gptfast=tps / rate("gpt-fast vanilla") if gf else None, tau=tau,
-                         same_as_gptfast=same(runs, gf), same_as_hf=same(runs, hf)))
+                         same_as_gptfast=same(runs, gf), same_as_hf=same(runs, hf),
+                         ms_per_step=1e3 * secs / sum(steps) * batch if all(s for s in steps) else None,
+                         **(timing or {}).get(name, {})))
     return rows
 
 
@@ -520,10 +551,15 @@ def short_table(rows: list[dict]) -> str:
     def f(x, fmt):
         return format(x, fmt) if x is not None else "-"
 
-    lines = [f"{'batch':>5} {'method':<50} {'tok/s':>9} {'vs HF':>7} {'vs gf':>6} {'tau':>5}"]
+    lines = [f"{'batch':>5} {'method':<50} {'tok/s':>9} {'vs HF':>7} {'vs gf':>6} {'tau':>5} {'ms/step':>7}"]
     for r in rows:
         lines.append(f"{r['batch']:>5} {r['method']:<50} {r['tokens_per_s']:>9.1f} {f(r['speedup_vs_hf'], '.2f'):>7} "
-                     f"{f(r['ratio_vs_gptfast'], '.2f'):>6} {f(r['tau'], '.2f'):>5}")
+                     f"{f(r['ratio_vs_gptfast'], '.2f'):>6} {f(r['tau'], '.2f'):>5} "
+                     f"{f(r.get('ms_per_step'), '.3f'):>7}")
+    moved = [f"  {r['method']} (batch {r['batch']}): {r['captured_while_timed']}" for r in rows
+             if r.get("captured_while_timed")]
+    if moved:  # such a row's figure holds capture / rebuild time: see time_methods
+        lines += ["captured or rebuilt inside timed calls:", *moved]
     return "\n".join(lines)
 
 
@@ -621,9 +657,10 @@ def run_bench(ap, args) -> dict:
             errors["gpt-fast setup"] = f"{type(err).__name__}: {err}"
             traceback.print_exc()
     methods.update(specdec_methods(target, draft, heads, args, errors))
+    timing = {}
     timed = time_methods(methods, prompts, warmup=args.warmup, max_seconds=args.max_seconds, device=device,
-                         errors=errors, label="batch 1")
-    rows = summarise(timed, batch=1)
+                         errors=errors, label="batch 1", target=target, timing=timing)
+    rows = summarise(timed, batch=1, timing=timing)
     warm_s = time.perf_counter() - t0
     with open(os.path.join(args.out, "batch1.json"), "w") as f:  # kept if a later part runs out of time
         json.dump({"rows": rows, "errors": errors}, f, indent=1)
@@ -644,9 +681,10 @@ def run_bench(ap, args) -> dict:
                                                               fast=True)
             except Exception as err:
                 errors[f"batch {batch} specdec fast EAGLE-3"] = f"{type(err).__name__}: {err}"
+        timing_b = {}
         timed_b = time_methods(batched, groups, warmup=min(args.warmup, 1), max_seconds=args.max_seconds,
-                               device=device, errors=errors, label=f"batch {batch}")
-        rows += summarise(timed_b, batch=batch)
+                               device=device, errors=errors, label=f"batch {batch}", target=target, timing=timing_b)
+        rows += summarise(timed_b, batch=batch, timing=timing_b)
 
     # 3. Where the time of a fast EAGLE-3 step goes, with the Triton kernels and with their torch references
     # (issue 12's in-run comparison); and of a fast plain step.

@@ -70,7 +70,7 @@ from .kernels import KVCompactPlan, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
-           "target_adapter", "fast_drafter", "fast_mode", "use_fused", "PREFILL_GRAPHS"]
+           "target_adapter", "fast_drafter", "fast_mode", "use_fused", "PREFILL_GRAPHS", "held_graphs"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -360,13 +360,27 @@ class _Store:
     replay references its memory, not the Python objects it was captured from.
     """
 
-    __slots__ = ("buffers", "live", "fused", "params")
+    __slots__ = ("buffers", "live", "fused", "params", "counts")
 
     def __init__(self) -> None:
+        self.counts = {"builds": 0, "captures": 0}  # see StaticAdapter.counts
         self.buffers: _Buffers | None = None
         self.live: _Ticket | None = None  # the ticket of the newest state on these buffers: a prefill spends it
         self.fused = None                 # the FusedDecoder the graphs were captured on (None: HF's modules)
         self.params: tuple = ()           # the model's parameters (id, address, dtype) when the graphs were captured
+
+
+def _counted(capture: Callable[..., CapturedStep], counts: dict) -> Callable[..., CapturedStep]:
+    """``capture`` counting its calls in ``counts["captures"]``, with :func:`compiled_capture`'s attributes
+    (``compile_fn``; ``capture``, the uncompiled capture, counted too)."""
+    def counted(fn, inputs):
+        counts["captures"] += 1
+        return capture(fn, inputs)
+
+    counted.compile_fn = getattr(capture, "compile_fn", None)
+    if getattr(capture, "capture", None) is not None:
+        counted.capture = _counted(capture.capture, counts)
+    return counted
 
 
 def static_support(model: nn.Module) -> str | None:
@@ -518,6 +532,7 @@ class StaticAdapter:
         store.params = params
         cache = slot_cache(shapes, device)
         valid = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
+        store.counts["builds"] += 1
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
                                        plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device),
@@ -528,11 +543,19 @@ class StaticAdapter:
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
         if self._capture is not None:
-            return self._capture
-        device = self._store.buffers.valid.device
-        if device.type == "cuda":
-            return capture_graph
-        return lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0)
+            capture = self._capture
+        elif self._store.buffers.valid.device.type == "cuda":
+            capture = capture_graph
+        else:
+            capture = functools.partial(capture_graph_ref, warmup=0)
+        return _counted(capture, self._store.counts)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """What the held buffers cost so far (a copy): ``builds`` (buffers allocated: each drops every graph held
+        on the old ones) and ``captures`` (target forwards captured: bucket steps, plain steps, prefills). On
+        CUDA the counters live with the buffers, which later calls share (:func:`held_graphs`)."""
+        return dict(self._store.counts)
 
     def _model_fn(self, cache) -> Callable:
         """``run(tokens, positions, mask, slots) -> (logits, features)``: one forward writing at ``slots``, through
@@ -638,6 +661,7 @@ class StaticAdapter:
             if len(buf.prefills) >= PREFILL_GRAPHS:  # drop the oldest (its graph memory goes with it)
                 buf.prefills.pop(next(iter(buf.prefills)))
             capture = capture_graph if tokens.is_cuda else functools.partial(capture_graph_ref, warmup=0)
+            self._store.counts["captures"] += 1
             runner = buf.prefills[key] = capture(run, (tokens, valid))
         else:  # most recent last
             buf.prefills[key] = buf.prefills.pop(key)
@@ -1205,6 +1229,32 @@ def target_adapter(model: nn.Module, feature_layers: tuple[int, ...], *, fast: b
                             capture=compiled_capture() if mode == "compile" else None)
     adapter._store = store
     return adapter
+
+
+def held_graphs(model: nn.Module) -> dict[tuple, dict[str, int]]:
+    """What the fast path holds for ``model`` between ``generate()`` calls (CUDA; elsewhere nothing is kept).
+
+    One entry per set of held buffers, keyed ``(feature_layers, buckets, mode)`` as :func:`target_adapter` keeps
+    them (drafters reading the same target layers share one): ``builds`` and ``captures`` so far (see
+    :attr:`StaticAdapter.counts`), then what is held now: ``batch`` and ``capacity`` of the buffers, ``graphs``
+    (captured bucket steps, the plain step, prefills). A benchmark reads it before and after a timed call: a
+    capture or a build inside the timing is a cost a longer run would not pay per call.
+
+    Args:
+        model: the target given to :func:`specdec.generate`.
+
+    Returns:
+        ``{(feature_layers, buckets, mode): {"builds", "captures", "batch", "capacity", "graphs"}}``; empty for a
+        model the fast path has not run on CUDA.
+    """
+    out = {}
+    for key, store in _STORES.get(model, {}).items():
+        buf = store.buffers
+        held = dict(batch=0, capacity=0, graphs=0) if buf is None else dict(
+            batch=buf.valid.shape[0], capacity=buf.valid.shape[1],
+            graphs=len(buf.runners) + len(buf.prefills) + (buf.plain.runner is not None))
+        out[key] = {**store.counts, **held}
+    return out
 
 
 def fast_mode(fast) -> str | None:

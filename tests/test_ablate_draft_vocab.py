@@ -17,6 +17,7 @@ def test_every_draft_vocabulary_gives_the_plain_output_and_a_plot(tmp_path):
     full, small = out["rows"]
     assert full["size"] == out["vocab_size"] == 2048 and small["size"] == 64
     assert full["identical"] and small["identical"]  # lossless at every size
+    assert full["same_token_rate"] == small["same_token_rate"] == 1.0 and out["dtype"] == "float32"
     assert full["coverage"] == 1.0 and 0.0 < small["coverage"] < 1.0
     assert full["tau"] >= 1.0 and small["tau"] >= 1.0
     assert small["lm_head_mb"] * 32 == full["lm_head_mb"]

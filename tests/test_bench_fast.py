@@ -30,6 +30,7 @@ def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
                                               "specdec fast EAGLE-3"]
     for r in out["rows"]:
         assert r["tokens_per_s"] > 0 and r["ratio_vs_gptfast"] is None
+        assert len(r["per_input_s"]) == r["inputs"] and isinstance(r["captured_while_timed"], dict)
         assert r["same_as_hf"] == 1.0, r  # float32: every lossless method emits HF's greedy tokens
         if r["method"] != "HF vanilla":
             assert r["tau"] >= 1.0
@@ -88,3 +89,31 @@ def test_summary_rates_and_the_issue_checks():
     assert lines[1].startswith("fast EAGLE-3 / gpt-fast vanilla tokens/s = 2.00") and lines[1].endswith("ok")
     assert lines[2].startswith("fast SpS K=4 / gpt-fast SpS K=4 tokens/s = 0.80") and lines[2].endswith("MISS")
     assert lines[3].endswith("MISS (specdec fast SpS K=4)")
+    assert rows["specdec fast plain"]["ms_per_step"] == pytest.approx(1e3 * 0.25 / 6)  # 2 calls x 3 steps
+    assert rows["HF vanilla"]["ms_per_step"] is None  # no steps counted
+
+
+def test_captures_inside_timed_calls_are_reported():
+    """A call that captured or rebuilt holds time a longer run would not pay per call: time_methods counts what
+    moved (the drafter's GraphedDrafter counters, the fast path's held buffers) and the short table names it."""
+    from bench_fast import Run, capture_tally, short_table, summarise, time_methods
+
+    class Counted:
+        counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0}
+
+    def method(ids):
+        Counted.counts["captures"] += 1 if ids == "new shape" else 0
+        Counted.counts["replays"] += 1
+        return Run([[1, 2]], 2, 2)
+
+    method.drafter = Counted
+    assert capture_tally(method) == {"drafter captures": 0, "drafter eager": 0, "drafter buffer_changes": 0}
+    timing = {}
+    timed = time_methods({"m": method}, ["a", "new shape", "b"], warmup=1, max_seconds=None, device="cpu",
+                         errors={}, label="t", timing=timing)
+    assert timing["m"]["captured_while_timed"] == {"drafter captures": 1}  # the replays are not reported
+    assert len(timing["m"]["per_input_s"]) == 3 and all(t >= 0 for t in timing["m"]["per_input_s"])
+    rows = summarise(timed, batch=1, timing=timing)
+    assert rows[0]["captured_while_timed"] == {"drafter captures": 1}
+    table = short_table(rows)
+    assert "captured or rebuilt inside timed calls:" in table and "m (batch 1): {'drafter captures': 1}" in table

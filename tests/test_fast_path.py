@@ -32,6 +32,7 @@ from specdec.static import (
     bucket_for,
     capacity_for,
     compiled_capture,
+    held_graphs,
     static_support,
     target_adapter,
 )
@@ -457,6 +458,46 @@ def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
     del model, first, second
     gc.collect()
     assert alive() is None
+
+
+def test_an_adapter_counts_its_builds_and_captures():
+    """StaticAdapter.counts: one build for the first prefill; a capture per new bucket or plain step, none on a
+    replay; a compiled capture's uncompiled inner capture is counted as well (the committing steps use it)."""
+    model = tiny_model("llama")
+    ids, mask = _prompts(2)
+    for capture in (None, compiled_capture(lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=0),
+                                           backend="eager")):
+        adapter = StaticAdapter(model, capacity=64, capture=capture)
+        assert adapter.counts == {"builds": 0, "captures": 0}
+        out, state = adapter.prefill(ids, mask)
+        assert adapter.counts["builds"] == 1
+        roots = out.logits[:, -1].argmax(-1)
+        out, state = adapter.decode(state, roots)
+        after_one = adapter.counts["captures"]
+        assert after_one >= 1
+        for _ in range(3):  # the same plain step again: replays only
+            out, state = adapter.decode(state, out.logits[:, -1].argmax(-1))
+        assert adapter.counts == {"builds": 1, "captures": after_one}
+        tokens = torch.zeros(2, 3, dtype=torch.long)
+        parents = torch.tensor([[-1, 0, 1]] * 2)
+        _, state = adapter.forward(state, tokens, parents, state.lengths[:, None] + torch.arange(3))
+        assert adapter.counts["captures"] == after_one + 1  # a tree of 3 nodes: a new bucket
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_held_graphs_reports_the_stores_generate_keeps():
+    model = tiny_model("llama").cuda()
+    ids, mask = _prompts(2, "cuda")
+    assert held_graphs(model) == {}
+    generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], fast=True)
+    (key, first), = held_graphs(model).items()
+    assert key[0] == () and first["builds"] == 1 and first["captures"] >= 1 and first["graphs"] >= 1
+    assert first["batch"] == 2 and first["capacity"] >= ids.shape[1] + 8
+    generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], fast=True)
+    second = held_graphs(model)[key]  # the prefill's shape met twice: captured now
+    generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], fast=True)
+    assert held_graphs(model)[key] == second and second["builds"] == 1  # the third call captures nothing
 
 
 @pytest.mark.parametrize("device", DEVICES)
