@@ -466,6 +466,7 @@ class StaticAdapter:
         self.capacity = capacity
         self.buckets = tuple(sorted(set(buckets)))
         self._capture = capture
+        self._counted_capture = None  # (counts, on CUDA, the capture counting into them): see _capture_fn
         self._store = _Store()
 
     # ------------------------------------------------------------------ ModelAdapter's read-only surface
@@ -542,13 +543,18 @@ class StaticAdapter:
         return self._store.buffers
 
     def _capture_fn(self) -> Callable[..., CapturedStep]:
+        counts, cuda = self._store.counts, self._store.buffers.valid.device.type == "cuda"
+        held = self._counted_capture  # made once per store and device: the forwards ask for it at every step
+        if held is not None and held[0] is counts and held[1] == cuda:
+            return held[2]
         if self._capture is not None:
             capture = self._capture
-        elif self._store.buffers.valid.device.type == "cuda":
+        elif cuda:
             capture = capture_graph
         else:
             capture = functools.partial(capture_graph_ref, warmup=0)
-        return _counted(capture, self._store.counts)
+        self._counted_capture = (counts, cuda, _counted(capture, counts))
+        return self._counted_capture[2]
 
     @property
     def counts(self) -> dict[str, int]:

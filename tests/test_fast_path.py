@@ -478,6 +478,7 @@ def test_an_adapter_counts_its_builds_and_captures():
         for _ in range(3):  # the same plain step again: replays only
             out, state = adapter.decode(state, out.logits[:, -1].argmax(-1))
         assert adapter.counts == {"builds": 1, "captures": after_one}
+        assert adapter._capture_fn() is adapter._capture_fn()  # made once: the forwards ask for it every step
         tokens = torch.zeros(2, 3, dtype=torch.long)
         parents = torch.tensor([[-1, 0, 1]] * 2)
         _, state = adapter.forward(state, tokens, parents, state.lengths[:, None] + torch.arange(3))
