@@ -143,15 +143,39 @@ def tiny_llama(seed: int = 0, vocab: int = 97) -> torch.nn.Module:
                                                          dtype=torch.float32).eval()
 
 
-def eagle2_drafter(model: torch.nn.Module, counter: OpCounter | None) -> GraphedDrafter:
-    """An EAGLE-2 drafter (untrained head, 10 nodes, depth 3, top-3) graphed on CPU through ``counter``."""
+def _bare_drafter(model: torch.nn.Module, method: str):
+    """The drafter of ``method`` (untrained heads), not yet graphed: EAGLE-2 (10 nodes, depth 3, top-3), P-EAGLE (2
+    layers, 4 levels), DFlash (2 layers, block 5: 4 levels), Medusa (4 heads, the chain of top-1s)."""
     from specdec import recipes
-    from specdec.heads import Eagle1Head
+    from specdec.heads import DFlashHead, Eagle1Head, MedusaHead, PEagleHead
 
     torch.manual_seed(1)
-    drafter = recipes.eagle2(Eagle1Head.from_target(model), total_tokens=10, depth=3, top_k=3, cuda_graphs=False)
+    if method == "eagle2":
+        return recipes.eagle2(Eagle1Head.from_target(model), total_tokens=10, depth=3, top_k=3, cuda_graphs=False)
+    if method == "peagle":
+        return recipes.peagle(PEagleHead.from_target(model, num_layers=2, max_drafts=4), cuda_graphs=False)
+    if method == "dflash":
+        return recipes.dflash(DFlashHead.from_target(model, block_size=5, num_layers=2), cuda_graphs=False)
+    if method == "medusa":
+        return recipes.medusa(MedusaHead.from_target(model, num_heads=4), tree="chain", cuda_graphs=False)
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+#: What the profile covers: plain steps, then each drafter's steps.
+METHODS = ("plain", "eagle2", "peagle", "dflash", "medusa")
+
+
+def graphed_drafter(model: torch.nn.Module, method: str, counter: OpCounter | None) -> GraphedDrafter | None:
+    """``method``'s drafter (``None`` for plain steps) graphed on CPU through ``counter``."""
+    if method == "plain":
+        return None
     capture = capture_graph_ref if counter is None else _flagged_capture(counter, "drafter graphs")
-    return GraphedDrafter(drafter, capture=capture, device_types=("cpu",))
+    return GraphedDrafter(_bare_drafter(model, method), capture=capture, device_types=("cpu",))
+
+
+def eagle2_drafter(model: torch.nn.Module, counter: OpCounter | None) -> GraphedDrafter:
+    """An EAGLE-2 drafter (untrained head, 10 nodes, depth 3, top-3) graphed on CPU through ``counter``."""
+    return graphed_drafter(model, "eagle2", counter)
 
 
 def count_call(model, ids: torch.Tensor, max_new_tokens: int, method: str) -> tuple[OpCounter, int]:
@@ -161,13 +185,13 @@ def count_call(model, ids: torch.Tensor, max_new_tokens: int, method: str) -> tu
         model: the target.
         ids: Shape ``[B, T]``, prompts (no padding).
         max_new_tokens: new tokens per row.
-        method: ``"plain"`` or ``"eagle2"``.
+        method: one of :data:`METHODS`.
 
     Returns:
         ``(counter, steps)``.
     """
     counter = OpCounter()
-    drafter = eagle2_drafter(model, counter) if method == "eagle2" else None
+    drafter = graphed_drafter(model, method, counter)
     with counting(counter):
         out = specdec.generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, eos_token_id=[],
                                fast=True)
@@ -235,9 +259,8 @@ def host_ms_per_step(model, ids: torch.Tensor, method: str, short: int = 40, lon
     ``repeats`` differences of a ``long`` and a ``short`` call). With saved outputs every draft is rejected, so
     each step is a tree step of the same shape."""
     drafter = None
-    if method == "eagle2":
-        drafter = GraphedDrafter(eagle2_drafter(model, None).drafter, capture=_saved_outputs_capture,
-                                 device_types=("cpu",))
+    if method != "plain":
+        drafter = GraphedDrafter(_bare_drafter(model, method), capture=_saved_outputs_capture, device_types=("cpu",))
     best = float("inf")
     with device_work_stubbed():
         def run(n: int):
@@ -257,13 +280,14 @@ def main() -> None:
     """Print the table (and, with ``--ops``, the outside ops by name)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--methods", nargs="+", default=["plain", "eagle2"], choices=METHODS)
     parser.add_argument("--ops", action="store_true", help="list the outside ops per step by name")
     parser.add_argument("--host", action="store_true",
                         help="also time the host work per step, with the captured functions and kernels stubbed")
     args = parser.parse_args()
     model = tiny_llama()
     rows = []
-    for method in ("plain", "eagle2"):
+    for method in args.methods:
         for batch in args.batch:
             ids = torch.randint(1, 97, (batch, 12), generator=torch.Generator().manual_seed(batch))
             rows.append((method, batch, per_step(model, ids, method)))
@@ -273,7 +297,7 @@ def main() -> None:
     if args.host:
         torch.set_num_threads(1)
         print("\nhost ms per step (device work stubbed; CPU proxy of the GPU host's work):")
-        for method in ("plain", "eagle2"):
+        for method in args.methods:
             for batch in args.batch:
                 ids = torch.randint(1, 97, (batch, 12), generator=torch.Generator().manual_seed(batch))
                 print(f"  {method:<8} B={batch}: {host_ms_per_step(model, ids, method):.3f}")

@@ -5,6 +5,7 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -48,3 +49,17 @@ def test_the_host_timing_stubs_the_device_work_and_restores_it():
         b = specdec.static.tree_mask(torch.zeros(1, 3, dtype=torch.bool), torch.tensor([[-1, 0]]),
                                      torch.ones(1, 2, dtype=torch.bool), torch.float32)
         assert b is a
+
+
+def test_every_drafter_is_profiled_with_its_steps_captured():
+    """The parallel drafters (P-EAGLE, DFlash, Medusa) profile as EAGLE-2 does: their work sits in the drafter's
+    captured steps, the tree mask is the one launch outside, and the eager work around the graphs stays small."""
+    model = profile_fast_step.tiny_llama()
+    ids = torch.randint(1, 97, (1, 8), generator=torch.Generator().manual_seed(0))
+    plain = profile_fast_step.per_step(model, ids, "plain", short=2, long=5)
+    for method in ("peagle", "dflash", "medusa"):
+        result = profile_fast_step.per_step(model, ids, method, short=2, long=5)
+        assert result["kernels"] == 1 and result["drafter graphs"] > 20, (method, result)
+        assert result["target graph"] > plain["target graph"] and plain["outside"] < result["outside"] < 100, method
+    with pytest.raises(ValueError, match="method must be one of"):
+        profile_fast_step.graphed_drafter(model, "eagle4", None)
