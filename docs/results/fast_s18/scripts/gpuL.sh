@@ -1,0 +1,13 @@
+#!/bin/bash
+# Not run (session 18 ended without device time): gpuH.sh again, now that bench_fast.py reports captures inside
+# timed calls and each call's seconds; then prof_parallel.py with the trained P-EAGLE head; then the GPU test of
+# held_graphs. One call, ~570 s of the 600 allowed. Carry .fixtures (the fixture, draft and anchors; 43 MB).
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+F=.fixtures/fx
+sed '/^LEFT=/,$d' docs/results/fast_s18/scripts/gpuH.sh > /tmp/h.sh   # gpuH.sh up to the ablation
+timeout 450 bash /tmp/h.sh
+grep -A12 "captured or rebuilt" $OUT/bg.log | head -14
+timeout 70 python3 docs/results/fast_s18/scripts/prof_parallel.py $F /tmp/p/peagle/final > $OUT/prof.log 2>&1
+echo "prof rc=$?"; grep "#####\|^==" $OUT/prof.log | head -16
+timeout 45 python3 -m pytest -q tests/test_fast_path.py -k "held_graphs or reuses" > $OUT/t.log 2>&1
+echo "tests rc=$?"; tail -2 $OUT/t.log
