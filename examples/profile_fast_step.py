@@ -173,10 +173,6 @@ def graphed_drafter(model: torch.nn.Module, method: str, counter: OpCounter | No
     return GraphedDrafter(_bare_drafter(model, method), capture=capture, device_types=("cpu",))
 
 
-def eagle2_drafter(model: torch.nn.Module, counter: OpCounter | None) -> GraphedDrafter:
-    """An EAGLE-2 drafter (untrained head, 10 nodes, depth 3, top-3) graphed on CPU through ``counter``."""
-    return graphed_drafter(model, "eagle2", counter)
-
 
 def count_call(model, ids: torch.Tensor, max_new_tokens: int, method: str) -> tuple[OpCounter, int]:
     """Ops of one ``generate(fast=True)`` call and its number of decoding steps.

@@ -667,8 +667,7 @@ class StaticAdapter:
             if len(buf.prefills) >= PREFILL_GRAPHS:  # drop the oldest (its graph memory goes with it)
                 buf.prefills.pop(next(iter(buf.prefills)))
             capture = capture_graph if tokens.is_cuda else functools.partial(capture_graph_ref, warmup=0)
-            self._store.counts["captures"] += 1
-            runner = buf.prefills[key] = capture(run, (tokens, valid))
+            runner = buf.prefills[key] = _counted(capture, self._store.counts)(run, (tokens, valid))
         else:  # most recent last
             buf.prefills[key] = buf.prefills.pop(key)
         return runner(tokens, valid)
