@@ -17,7 +17,8 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
 - ``specdec fast prompt lookup``: ``PromptLookupDrafter(fixed_width=True)`` (no host sync in ``propose``);
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
   parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` / ``--medusa`` when given (Medusa: the
-  ``mc_sim_7b_63`` tree of ``recipes.medusa``).
+  ``mc_sim_7b_63`` tree of ``recipes.medusa``; P-EAGLE / DFlash / DSpark: the chain of their levels, and with
+  ``--parallel-tree NAME`` also a row verifying that level-wise tree of their levels' top-k).
 
 Per method: tokens/s, speedup against HF vanilla, ratio against gpt-fast vanilla, tau (tokens per target forward),
 and the share of prompts whose output equals gpt-fast vanilla's and HF vanilla's. Then batch 4 and 16 (left-padded
@@ -97,10 +98,11 @@ def load_prompts(path: str, tokenizer, count: int, length: int, device) -> list[
 
 
 def quick_models(device):
-    """Tiny random Llama target and draft (CPU smoke mode), float32, with random EAGLE-1/EAGLE-3 heads."""
+    """Tiny random Llama target and draft (CPU smoke mode), float32, with random EAGLE-1/EAGLE-3, Medusa and P-EAGLE
+    heads."""
     import transformers
 
-    from specdec.heads import Eagle1Head, Eagle3Head, MedusaHead
+    from specdec.heads import Eagle1Head, Eagle3Head, MedusaHead, PEagleHead
 
     def build(layers, hidden, seed):
         config = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -114,7 +116,8 @@ def quick_models(device):
     torch.manual_seed(2)
     heads = {"eagle2": Eagle1Head.from_target(target).to(device).eval(),
              "eagle3": Eagle3Head.from_target(target).to(device).eval(),
-             "medusa": MedusaHead.from_target(target, num_heads=4).to(device).eval()}
+             "medusa": MedusaHead.from_target(target, num_heads=4).to(device).eval(),
+             "peagle": PEagleHead.from_target(target, num_layers=1, max_drafts=4).to(device).eval()}
     return target, draft, heads
 
 
@@ -267,6 +270,11 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
     for key, head in heads.items():
         label, recipe = recipes[key]
         makers[f"specdec fast {label}"] = (lambda recipe=recipe, head=head: recipe(head), True)
+        if key in ("peagle", "dflash", "dspark") and getattr(args, "parallel_tree", None):
+            # the same head verifying a level-wise tree of its levels' top-k (Medusa's trees), not its chain
+            tree = args.parallel_tree
+            makers[f"specdec fast {label} tree {tree}"] = (
+                lambda recipe=recipe, head=head, tree=tree: recipe(head, tree=tree), True)
     if args.compile:  # the same target forwards compiled before capture (generate(fast="compile"))
         makers["specdec fast+compile plain"] = (lambda: None, "compile")
         for key in ("eagle2", "eagle3", "dflash"):
@@ -585,6 +593,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile", action="store_true",
                     help='also rows with generate(fast="compile") (torch.compile before each capture)')
     ap.add_argument("--only", nargs="+", default=None, help="keep only the specdec rows whose name holds one of these")
+    ap.add_argument("--parallel-tree", default=None,
+                    help="also rows of P-EAGLE / DFlash / DSpark verifying this level-wise tree (a specdec.trees "
+                         "preset, e.g. mc_sim_7b_63) instead of their chain")
     ap.add_argument("--out", default="runs/bench_fast")
     add_kernel_args(ap)
     args = ap.parse_args(argv)

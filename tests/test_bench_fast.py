@@ -18,13 +18,15 @@ def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
     import bench_fast
 
     out = bench_fast.main(["--quick", "--num-prompts", "2", "--prompt-tokens", "24", "--max-new-tokens", "5",
-                           "--batches", "2", "--warmup", "0", "--out", str(tmp_path)])
+                           "--batches", "2", "--warmup", "0", "--parallel-tree", "mc_sim_7b_63",
+                           "--out", str(tmp_path)])
     assert out["errors"] == {}
     rows = {(r["batch"], r["method"]): r for r in out["rows"]}
     expected = ["HF vanilla", "specdec eager plain", "specdec fast plain", "specdec fast SpS K=4",
                 "specdec fast SpS K=4, level by level", "specdec fast SpS K=6", "specdec fast SpS K=6, level by level",
                 "specdec fast SpS K=4, eager draft", "specdec fast prompt lookup K=10", "specdec fast EAGLE-2",
-                "specdec fast EAGLE-3", "specdec fast Medusa"]
+                "specdec fast EAGLE-3", "specdec fast Medusa", "specdec fast P-EAGLE",
+                "specdec fast P-EAGLE tree mc_sim_7b_63"]
     assert [m for b, m in rows if b == 1] == expected
     assert [m for b, m in rows if b == 2] == ["HF vanilla", "specdec eager plain", "specdec fast plain",
                                               "specdec fast EAGLE-3"]

@@ -784,3 +784,30 @@ def test_late_steps_stop_rows_at_eos_and_stop_strings_as_the_eager_path(name):
         fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=30, fast=True, **kwargs)
         assert torch.equal(eager.sequences, fast.sequences) and torch.equal(eager.num_new_tokens, fast.num_new_tokens)
         assert (fast.num_new_tokens < 30).any()  # some row did stop early
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_fast_run_ends_on_the_shape_of_its_speculative_steps(fast, monkeypatch):
+    """A step whose budget leaves no room for a draft (one token left) is a plain step on the eager path, but on the
+    greedy fast path it keeps the speculative step's shape (every draft node absent), so that the first run to end so
+    captures nothing new (session 19: a plain forward and the drafter's plain update captured inside a timed call
+    cost ~0.5 s on the H200). Same tokens and forwards either way."""
+    import specdec.step as step_module
+
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(1)
+    drafter = DraftModelDrafter(noisy_copy(model, 3.0), num_drafts=4)  # drafts mostly rejected: 1-2 tokens per step
+    plain_steps, plain = [], step_module._plain
+
+    def counted(*args, **kwargs):
+        plain_steps.append(1)
+        return plain(*args, **kwargs)
+    monkeypatch.setattr(step_module, "_plain", counted)
+    out = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=9, eos_token_id=[], fast=fast)
+    monkeypatch.setattr(step_module, "_plain", plain)
+    ref = generate(model, ids, attention_mask=mask, max_new_tokens=9, eos_token_id=[])
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.stats.num_target_forwards == generate(model, ids, attention_mask=mask, drafter=drafter,
+                                                     max_new_tokens=9, eos_token_id=[],
+                                                     fast=not fast).stats.num_target_forwards
+    assert (len(plain_steps) == 0) if fast else (len(plain_steps) >= 1), plain_steps
