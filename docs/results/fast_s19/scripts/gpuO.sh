@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 19, call M: every head trained at once (P-EAGLE given the longest budget: in call L, beside four other
+# Session 19, call O: every head trained at once (P-EAGLE given the longest budget: in call L, beside four other
 # trainings, it reached 395 steps in 90 s and tau 1.35), then bench_fast with every drafter beside gpt-fast in one
 # process, the parallel drafters also verifying Medusa's mc_sim_7b_63 tree of their levels' top-k
 # (--parallel-tree). Carry .fixtures/fx (fixture, draft, anchors).
