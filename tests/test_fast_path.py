@@ -786,8 +786,9 @@ def test_late_steps_stop_rows_at_eos_and_stop_strings_as_the_eager_path(name):
         assert (fast.num_new_tokens < 30).any()  # some row did stop early
 
 
+@pytest.mark.parametrize("kind", ["draft_model", "peagle"])
 @pytest.mark.parametrize("fast", [False, True])
-def test_a_fast_run_ends_on_the_shape_of_its_speculative_steps(fast, monkeypatch):
+def test_a_fast_run_ends_on_the_shape_of_its_speculative_steps(fast, kind, monkeypatch):
     """A step whose budget leaves no room for a draft (one token left) is a plain step on the eager path, but on the
     greedy fast path it keeps the speculative step's shape (every draft node absent), so that the first run to end so
     captures nothing new (session 19: a plain forward and the drafter's plain update captured inside a timed call
@@ -796,7 +797,16 @@ def test_a_fast_run_ends_on_the_shape_of_its_speculative_steps(fast, monkeypatch
 
     model = tiny_model("llama", scale=3.0)
     ids, mask = _prompts(1)
-    drafter = DraftModelDrafter(noisy_copy(model, 3.0), num_drafts=4)  # drafts mostly rejected: 1-2 tokens per step
+    if kind == "draft_model":  # drafts mostly rejected: 1-2 tokens per step
+        drafter = DraftModelDrafter(noisy_copy(model, 3.0), num_drafts=4)
+    else:  # an untrained P-EAGLE head, graphed on the CPU as on CUDA (capture_graph_ref)
+        from specdec.graphs import GraphedDrafter
+        from specdec.heads import PEagleHead
+
+        torch.manual_seed(0)
+        head = PEagleHead.from_target(model, num_layers=1, max_drafts=4)
+        drafter = GraphedDrafter(recipes.peagle(head, cuda_graphs=False), capture=capture_graph_ref,
+                                 device_types=("cpu",))
     plain_steps, plain = [], step_module._plain
 
     def counted(*args, **kwargs):
