@@ -548,9 +548,11 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         ax.invert_yaxis()
         ax.set_xlabel("tokens/s")
         ax.set_title(f"batch {batch}")
-    fig.suptitle(title, fontsize=9)
+    import textwrap
+
+    fig.suptitle(textwrap.fill(title, 45 * len(batches) + 25), fontsize=9)  # wrapped to the figure's width
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
