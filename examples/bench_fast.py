@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable
@@ -548,8 +549,6 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         ax.invert_yaxis()
         ax.set_xlabel("tokens/s")
         ax.set_title(f"batch {batch}")
-    import textwrap
-
     fig.suptitle(textwrap.fill(title, 45 * len(batches) + 25), fontsize=9)  # wrapped to the figure's width
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -176,6 +176,7 @@ def generate(
     rows.absorb(out.emitted)
 
     # 3. Decode until every row is done: K from the schedule (bounded by budgets and positions), one step.
+    keep_shape = bool(fast) and params.is_greedy  # see the last-step note below
     while rows.any_active:
         wanted = schedule(rows.num_active)
         depth = rows.num_drafts(wanted, adapter.max_positions)  # what the budgets let this step verify
@@ -184,8 +185,7 @@ def generate(
         # for a draft too (depth 0: only the root verified, the same token): ending on a plain step would capture
         # the plain forward and the drafter's plain update the first time a run ends so (~0.5 s on the H200,
         # session 19). (Sampling keeps the plain step: its token is drawn from the noise as the eager path draws it.)
-        keep_shape = fast and wanted and params.is_greedy
-        k = rows.num_drafts(wanted, adapter.max_positions, budget=False) if depth or keep_shape else 0
+        k = rows.num_drafts(wanted, adapter.max_positions, budget=False) if depth or (keep_shape and wanted) else 0
         active = rows.active_mask(prompts.input_ids.device)  # rebuilt only when a row has finished
         if stats.clock is not None:
             stats.clock.start()
