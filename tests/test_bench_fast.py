@@ -119,3 +119,18 @@ def test_captures_inside_timed_calls_are_reported():
     assert rows[0]["captured_while_timed"] == {"drafter captures": 1}
     table = short_table(rows)
     assert "captured or rebuilt inside timed calls:" in table and "m (batch 1): {'drafter captures': 1}" in table
+
+
+def test_eager_drafter_steps_are_listed_apart_from_captures():
+    """A drafter step with no captured shape (P-EAGLE's prompt-wide update: one per call) is paid by every call, not
+    once: the short table lists it apart from captures and rebuilds, with the number of calls."""
+    from bench_fast import short_table
+
+    row = dict(batch=1, method="P", tokens_per_s=1.0, speedup_vs_hf=None, ratio_vs_gptfast=None, tau=None, inputs=8,
+               captured_while_timed={"drafter eager": 8})
+    table = short_table([row])
+    assert "captured or rebuilt" not in table
+    assert "run eagerly inside timed calls" in table and "P (batch 1): 8 in 8 calls" in table
+    table = short_table([dict(row, captured_while_timed={"drafter eager": 8, "target captures": 1})])
+    assert "P (batch 1): {'target captures': 1}" in table and "P (batch 1): 8 in 8 calls" in table
+
