@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "examples"))
+from bench_gemv import graph_ms  # noqa: E402
 from fp8_linear import _linear_fp8_triton, fp8_linear_config, linear_fp8_ref, quantize_fp8  # noqa: E402
 
 SHAPES = {"fc": (4096, 8192), "qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096),
@@ -21,26 +23,8 @@ ROWS = [int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,10,16").split(
 SWEEP = len(sys.argv) < 3 or sys.argv[2] != "nosweep"
 
 
-def graph_us(fn, calls=8, reps=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / (reps * calls)
+def graph_us(fn):
+    return graph_ms(fn) * 1e3
 
 
 def timed(fn):

@@ -1,5 +1,6 @@
 """Session 20, tried and not kept in the library (see docs/fast_path.md, session 20): a linear layer with float8
-weights for a few rows: ``y = (x @ W8^T) * scale + b``, one pass over ``W8``.
+weights for a few rows: ``y = (x @ W8^T) * scale + b``, one pass over ``W8`` (session 14's skinny kernel, the
+weights read as float8).
 
 A draft head's forward at batch 1 multiplies a handful of rows (the tree's frontier, the accepted tokens) by every
 weight matrix of one decoder layer, ``fc`` and the ``lm_head``: its time is the time to read those weights. Stored
@@ -19,10 +20,16 @@ rounding (the summation order differs).
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 from specdec.kernels._dispatch import use_kernel
 from specdec.kernels._triton import INTERPRETED, as_rows, jit, next_pow2, tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fast_s14", "scripts"))
+from skinny_kernel import _cdiv, _skinny_sum_kernel, _sms  # noqa: E402  (session 14's record: the same sum)
 
 __all__ = ["FP8_DTYPE", "FP8_MAX_ROWS", "quantize_fp8", "dequantize_fp8", "linear_fp8", "linear_fp8_ref",
            "fp8_linear_config"]
@@ -169,20 +176,6 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, M, N, K, K_P
                  mask=m_in[:, None] & n_in[None, :])
 
 
-@jit
-def _fp8_sum_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLIT, sym, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """One program per ``BLOCK`` outputs of one row: the slices' partial products summed in order, plus bias."""
-    row = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    n_in = n < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for piece in range(0, SPLIT):
-        acc += tl.load(part_ptr + (piece * M + row) * N + n, mask=n_in, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * sym + n, acc.to(y_ptr.dtype.element_ty), mask=n_in)
-
-
 def _check(x, w8, scale, bias) -> tuple[int, int, int]:
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or not x.dtype.is_floating_point:
         raise ValueError("linear_fp8: x must be a float tensor of shape [..., K]")
@@ -197,16 +190,6 @@ def _check(x, w8, scale, bias) -> tuple[int, int, int]:
         raise ValueError(f"linear_fp8: bias must have shape [N] = [{w8.shape[0]}] or be None")
     rows = x.numel() // max(x.shape[-1], 1)
     return rows, w8.shape[0], w8.shape[1]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _linear_fp8_triton(x, w8, scale, bias, config=None) -> torch.Tensor:
@@ -231,8 +214,8 @@ def _linear_fp8_triton(x, w8, scale, bias, config=None) -> torch.Tensor:
     )
     if split > 1:
         block = min(1024, next_pow2(n))
-        _fp8_sum_kernel[(rows, _cdiv(n, block))](part, dummy_bias, y, rows, n, split, y.stride(0),
-                                                 HAS_BIAS=bias is not None, BLOCK=block)
+        _skinny_sum_kernel[(rows, _cdiv(n, block))](part, dummy_bias, y, rows, n, split, y.stride(0),
+                                                    HAS_BIAS=bias is not None, BLOCK=block)
     return y.view(*x.shape[:-1], n)
 
 
