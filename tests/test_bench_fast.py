@@ -133,4 +133,3 @@ def test_eager_drafter_steps_are_listed_apart_from_captures():
     assert "run eagerly inside timed calls" in table and "P (batch 1): 8 in 8 calls" in table
     table = short_table([dict(row, captured_while_timed={"drafter eager": 8, "target captures": 1})])
     assert "P (batch 1): {'target captures': 1}" in table and "P (batch 1): 8 in 8 calls" in table
-
