@@ -618,11 +618,16 @@ def add_kernel_args(ap) -> None:
     decode_kernels`): ``all`` (the flag alone) the split-key attention and the fused element-wise ops, ``ops`` the
     element-wise ops only, ``none`` neither; without the flag, the library's defaults. ``--tree-attention on|off``:
     forwards of a few tokens under a mask (verification, the EAGLE heads' levels) on
-    :func:`specdec.kernels.tree_attention` or SDPA; without it, the library's default."""
+    :func:`specdec.kernels.tree_attention` or SDPA; without it, the library's default. ``--blas cublaslt|cublas|
+    torch``: the BLAS library captured steps pick their GEMMs from (:func:`specdec.graphs.use_capture_blas`)."""
+    from specdec.graphs import CAPTURE_BLAS_CHOICES
+
     ap.add_argument("--decode-kernels", nargs="?", const="all", default=None, choices=["all", "ops", "none"],
                     help="the fused decoder's decode kernels: all (attention + element-wise ops), ops, none")
     ap.add_argument("--tree-attention", default=None, choices=["on", "off"],
                     help="tree verification and EAGLE levels on the tree-attention kernel (on) or SDPA (off)")
+    ap.add_argument("--blas", default=None, choices=CAPTURE_BLAS_CHOICES,
+                    help="the BLAS library captured steps pick GEMMs from (default: the library's, cublaslt)")
 
 
 def kernels_for(args):
@@ -630,12 +635,13 @@ def kernels_for(args):
     from specdec.fused import decode_kernels
 
     choice, tree = getattr(args, "decode_kernels", None), getattr(args, "tree_attention", None)
-    if choice is None and tree is None:
+    blas = getattr(args, "blas", None)
+    if choice is None and tree is None and blas is None:
         return contextlib.nullcontext()
     settings = {} if choice is None else dict(attention=choice == "all", fused_ops=choice in ("all", "ops"))
     if tree is not None:
         settings["tree_attention"] = tree == "on"
-    return decode_kernels(**settings)
+    return decode_kernels(blas=blas, **settings)
 
 
 def run_bench(ap, args) -> dict:

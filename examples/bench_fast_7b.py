@@ -28,6 +28,9 @@ figure is the step's wall time):
 - ``fast_spec_fr``: ``fast_spec`` with the head's ``lm_head`` cut to ``--draft-vocab`` target ids
   (:meth:`~specdec.heads.Eagle1Head.restrict_vocab`, FR-Spec; lossless, the drafts may differ).
 
+``--blas`` picks the BLAS library the captured steps take their GEMMs from (:func:`specdec.graphs.use_capture_blas`;
+default the library's, cuBLASLt).
+
 ``--queued N`` times N steps queued back to back per run (no sync between, as ``generate()`` queues them) and
 reports the time / N: the step inside a decoding loop, where the host's launches for the next step overlap the
 device's work. The default (1) times each step alone, from an idle device.
@@ -58,7 +61,13 @@ from specdec import recipes  # noqa: E402
 from specdec.adapter import ModelAdapter  # noqa: E402
 from specdec.drafters.eagle import EagleDrafter  # noqa: E402
 from specdec.fused import decode_kernels  # noqa: E402
-from specdec.graphs import GraphedDrafter, capture_graph, capture_graph_ref  # noqa: E402
+from specdec.graphs import (  # noqa: E402
+    CAPTURE_BLAS_CHOICES,
+    GraphedDrafter,
+    capture_blas,
+    capture_graph,
+    capture_graph_ref,
+)
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
@@ -321,6 +330,8 @@ def main(argv=None):
                         help="with --compile, compile at these batch sizes only (default: every one of --batches)")
     parser.add_argument("--only", nargs="+", choices=[c for c in COLUMNS if c != "floor"], default=None,
                         help="time these rows only (default: every row)")
+    parser.add_argument("--blas", default=None, choices=CAPTURE_BLAS_CHOICES,
+                        help="the BLAS library captured steps pick GEMMs from (default: the library's, cublaslt)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
     parser.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = parser.parse_args(argv)
@@ -334,7 +345,7 @@ def main(argv=None):
                 context=args.context, shape=shape, shape_name="tiny" if args.tiny else "Llama-2-7B", tree=TREE,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
-                draft_vocab=args.draft_vocab)
+                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas())
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
     drafter = recipes.eagle2(head, **TREE)
@@ -347,9 +358,10 @@ def main(argv=None):
         fr_head.load_state_dict(head.state_dict())
         fr_drafter = recipes.eagle2(fr_head, **TREE)
     rows = {}
-    for batch in args.batches:
-        rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter)
-        print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
+    with decode_kernels(blas=args.blas):
+        for batch in args.batches:
+            rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter)
+            print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
     table = to_markdown(rows, meta)
     print(table)
     if args.out:

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adapter import UnsupportedModelError
+from .graphs import CAPTURE_BLAS_CHOICES, capture_blas, use_capture_blas
 from .kernels.decode_attention import decode_attention
 from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
@@ -106,13 +107,14 @@ def fused_support(model: nn.Module) -> str | None:
 # tree_attention: the split-key kernel for forwards of 2..128 tokens under a mask (verify buckets; EAGLE heads).
 # Session 12 (H200, CUDA-graph replays): 5.4 us against cuDNN's 12.0 for the fixture's 64-node verify attention,
 # 17.7 against 34.3 for Llama-2-7B's; the fixture's compiled EAGLE-3 step 1.24 -> 1.09 ms of GPU time: on.
+# The BLAS library captures pick GEMMs from is held by specdec.graphs (use_capture_blas; measured there).
 _DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": False, "fused_ops": True,
                     "tree_attention": True}
 
 
 @contextlib.contextmanager
 def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = None, fused_ops: bool | None = None,
-                   tree_attention: bool | None = None):
+                   tree_attention: bool | None = None, blas: str | None = None):
     """Within the block, fused decoders built without their own settings (as the fast path builds them) take these:
     ``gemv_rows``, the most rows a forward may have for :func:`specdec.kernels.linear_rows` (``0``: ``F.linear``
     always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), and ``attention``, whether one-token
@@ -121,16 +123,20 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
     or as torch ops (the draft heads' blocks too: :func:`specdec.nn.inference.use_fused_layers`),
     and ``tree_attention``, whether forwards of 2 to
     :data:`~specdec.kernels.TREE_ATTENTION_MAX_M` tokens under a mask (tree verification, the EAGLE heads'
-    levels through :func:`specdec.nn.masked_attention`) attend with :func:`specdec.kernels.tree_attention` or SDPA
-    (defaults: ``attention=False``, ``fused_ops=True``, ``tree_attention=True``, as measured on the H200).
-    ``None`` keeps the setting in force. For ablations of the kernels. Graphs a drafter captured before the
-    change keep the attention they were captured with; the static adapter captures its own again.
+    levels through :func:`specdec.nn.masked_attention`) attend with :func:`specdec.kernels.tree_attention` or SDPA,
+    and ``blas``, the BLAS library captured steps pick their GEMMs from (:func:`specdec.graphs.use_capture_blas`:
+    ``"cublaslt"``, ``"cublas"`` or ``"torch"``, the process's preference)
+    (defaults: ``attention=False``, ``fused_ops=True``, ``tree_attention=True``, ``blas="cublaslt"``, as measured
+    on the H200). ``None`` keeps the setting in force. For ablations of the kernels. Graphs a drafter captured
+    before the change keep the kernels they were captured with; the static adapter of a fused decoder captures its
+    own again.
 
     Args:
         gemv_rows: ``0 <= gemv_rows`` or ``None``.
         attention: ``True``, ``False`` or ``None``.
         fused_ops: ``True``, ``False`` or ``None``.
         tree_attention: ``True``, ``False`` or ``None``.
+        blas: one of :data:`specdec.graphs.CAPTURE_BLAS_CHOICES` or ``None``.
 
     Example:
         >>> with decode_kernels(attention=True, fused_ops=True):     # doctest: +SKIP
@@ -141,26 +147,32 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
     for name, value in (("attention", attention), ("fused_ops", fused_ops), ("tree_attention", tree_attention)):
         if value not in (None, True, False):
             raise ValueError(f"decode_kernels: {name} must be True, False or None, got {value!r}")
-    before = dict(_DECODE_DEFAULTS)
+    if blas is not None and blas not in CAPTURE_BLAS_CHOICES:
+        raise ValueError(f"decode_kernels: blas must be one of {CAPTURE_BLAS_CHOICES} or None, got {blas!r}")
+    before, before_blas = dict(_DECODE_DEFAULTS), capture_blas()
     for key, value in (("gemv_rows", gemv_rows), ("decode_attention", attention), ("fused_ops", fused_ops),
                        ("tree_attention", tree_attention)):
         if value is not None:
             _DECODE_DEFAULTS[key] = value
-    use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
-    use_fused_layers(_DECODE_DEFAULTS["fused_ops"])
+    _apply_decode_defaults(before_blas if blas is None else blas)
     try:
         yield
     finally:
         _DECODE_DEFAULTS.update(before)
-        use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
-        use_fused_layers(_DECODE_DEFAULTS["fused_ops"])
+        _apply_decode_defaults(before_blas)
+
+
+def _apply_decode_defaults(blas: str) -> None:
+    """Hand the settings to the modules that hold their own switches."""
+    use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
+    use_fused_layers(_DECODE_DEFAULTS["fused_ops"])
+    use_capture_blas(blas)
 
 
 def decode_settings() -> dict:
     """The settings fused decoders built now take (``gemv_rows``, ``decode_attention``, ``fused_ops``,
-    ``tree_attention``; see
-    :func:`decode_kernels`)."""
-    return dict(_DECODE_DEFAULTS)
+    ``tree_attention``, ``blas``; see :func:`decode_kernels`)."""
+    return dict(_DECODE_DEFAULTS, blas=capture_blas())
 
 
 class _Layer(NamedTuple):
@@ -243,19 +255,20 @@ class FusedDecoder:
         self.fused_ops = _DECODE_DEFAULTS["fused_ops"] if fused_ops is None else bool(fused_ops)
         self.tree_attention = (_DECODE_DEFAULTS["tree_attention"] if tree_attention is None
                                else bool(tree_attention))
+        self.blas = capture_blas()  # the BLAS library its graphs are captured under (a change: capture again)
 
     @property
     def settings(self) -> dict:
         """This decoder's kernel choices: ``gemv_rows``, ``decode_attention``, ``fused_ops``,
-        ``tree_attention``."""
-        return {key: getattr(self, key) for key in _DECODE_DEFAULTS}
+        ``tree_attention``, ``blas``."""
+        return {key: getattr(self, key) for key in (*_DECODE_DEFAULTS, "blas")}
 
     def use_settings(self, settings: dict) -> None:
         """Take other kernel choices (keys of :attr:`settings`); graphs captured on this decoder keep the old
         ones, so capture again (the static adapter does when :func:`decode_settings` changed)."""
         for key, value in settings.items():
-            if key not in _DECODE_DEFAULTS:
-                raise KeyError(f"unknown decode setting {key!r}; known: {sorted(_DECODE_DEFAULTS)}")
+            if key not in _DECODE_DEFAULTS and key != "blas":
+                raise KeyError(f"unknown decode setting {key!r}; known: {sorted((*_DECODE_DEFAULTS, 'blas'))}")
             setattr(self, key, value)
 
     def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,

@@ -38,6 +38,7 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -50,7 +51,51 @@ if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them
     from .types import Draft
 
 __all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedStep", "GraphableDrafter",
-           "GraphedDrafter", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound", "settle_bound"]
+           "GraphedDrafter", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound", "settle_bound",
+           "CAPTURE_BLAS_CHOICES", "use_capture_blas", "capture_blas"]
+
+# The BLAS library a captured step's GEMMs are picked from (torch.backends.cuda.preferred_blas_library, set for the
+# warm-up and the capture only; a graph keeps the kernels it captured). Measured on the H200 (session 21, Llama-2-7B
+# shapes, CUDA-graph replays, weights cold in L2): cuBLASLt's pick for 61-64 rows of down_proj 28.1 -> 25.1 us, one
+# 61-row verify forward's linears 3.70 -> 3.59 ms, the same elsewhere at 1-64 rows; the EAGLE-2 step 6.38 -> 6.15 ms.
+CAPTURE_BLAS_CHOICES = ("cublaslt", "cublas", "torch")
+_CAPTURE_BLAS = {"library": "cublaslt"}
+
+
+def use_capture_blas(library: str) -> None:
+    """Pick the BLAS library later captures (:func:`capture_graph`) run their GEMMs from.
+
+    Args:
+        library: ``"cublaslt"`` (default, as measured on the H200), ``"cublas"``, or ``"torch"`` (the process's
+            own preference, :func:`torch.backends.cuda.preferred_blas_library`, left as it is). Graphs captured
+            before the change keep theirs. :func:`specdec.fused.decode_kernels` sets it for a block.
+
+    Raises:
+        ValueError: ``library`` is none of :data:`CAPTURE_BLAS_CHOICES`.
+    """
+    if library not in CAPTURE_BLAS_CHOICES:
+        raise ValueError(f"capture BLAS library must be one of {CAPTURE_BLAS_CHOICES}, got {library!r}")
+    _CAPTURE_BLAS["library"] = library
+
+
+def capture_blas() -> str:
+    """The BLAS library :func:`capture_graph` captures under now (see :func:`use_capture_blas`)."""
+    return _CAPTURE_BLAS["library"]
+
+
+@contextlib.contextmanager
+def _preferred_blas(device: torch.device):
+    """Within the block, torch prefers :func:`capture_blas`'s library on a CUDA build; restored after."""
+    library = _CAPTURE_BLAS["library"]
+    if library == "torch" or device.type != "cuda" or torch.version.cuda is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 class Step(NamedTuple):
@@ -240,7 +285,8 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
 
     ``fn`` runs ``warmup`` times on a side stream first (lazy tables, kernels' first-call work, allocator),
     then once under capture; every call of the result replays the graph. Both run inside
-    :func:`~specdec.nn.fixed_shape_attention` (masked attention may use cuDNN's SDPA: the shape is fixed).
+    :func:`~specdec.nn.fixed_shape_attention` (masked attention may use cuDNN's SDPA: the shape is fixed) and
+    with torch preferring :func:`capture_blas`'s BLAS library (cuBLASLt by default; restored after).
 
     Args:
         fn: a function of tensors (see :class:`Step`); it runs ``warmup`` times for real.
@@ -261,7 +307,7 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
         raise ValueError("capture_graph needs inputs on a CUDA device; run the step eagerly (or use "
                          "capture_graph_ref) elsewhere")
     static = _map(torch.Tensor.clone, inputs)
-    with torch.cuda.device(device), fixed_shape_attention():  # one shape: cuDNN attention's plan is built once
+    with torch.cuda.device(device), fixed_shape_attention(), _preferred_blas(device):  # one shape: one cuDNN plan
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

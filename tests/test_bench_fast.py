@@ -133,3 +133,23 @@ def test_eager_drafter_steps_are_listed_apart_from_captures():
     assert "run eagerly inside timed calls" in table and "P (batch 1): 8 in 8 calls" in table
     table = short_table([dict(row, captured_while_timed={"drafter eager": 8, "target captures": 1})])
     assert "P (batch 1): {'target captures': 1}" in table and "P (batch 1): 8 in 8 calls" in table
+
+
+def test_kernel_flags_set_the_capture_blas_library_for_the_run_only():
+    """--blas reaches specdec.graphs.capture_blas() inside the run's context and is restored after it; without the
+    flag the library's default stays."""
+    import argparse
+
+    import bench_fast
+
+    from specdec.graphs import capture_blas
+
+    ap = argparse.ArgumentParser()
+    bench_fast.add_kernel_args(ap)
+    with bench_fast.kernels_for(ap.parse_args(["--blas", "cublas", "--tree-attention", "off"])):
+        assert capture_blas() == "cublas"
+    assert capture_blas() == "cublaslt"
+    with bench_fast.kernels_for(ap.parse_args([])):
+        assert capture_blas() == "cublaslt"
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--blas", "mkl"])

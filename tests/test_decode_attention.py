@@ -121,3 +121,30 @@ def test_decode_kernels_restores_the_defaults_and_names_bad_values():
     with pytest.raises(ValueError, match="attention must be True, False or None"):
         with decode_kernels(attention="yes"):
             pass
+
+
+def test_decode_kernels_sets_the_capture_blas_library_for_its_block_and_names_bad_values():
+    """decode_kernels(blas=) is what captures pick GEMMs from (specdec.graphs.capture_blas), restored after the
+    block, also when the block raises; the decoders and decode_settings() report it; bad names are refused."""
+    from specdec.fused import decode_settings
+    from specdec.graphs import capture_blas, use_capture_blas
+
+    model = tiny_model("llama")
+    assert capture_blas() == decode_settings()["blas"] == FusedDecoder(model, max_positions=8).blas == "cublaslt"
+    with decode_kernels(blas="cublas"):
+        assert capture_blas() == decode_settings()["blas"] == "cublas"
+        assert FusedDecoder(model, max_positions=8).settings["blas"] == "cublas"
+        with decode_kernels(fused_ops=False):  # another setting leaves the library alone
+            assert capture_blas() == "cublas"
+    assert capture_blas() == "cublaslt"
+    with pytest.raises(RuntimeError, match="inside"):
+        with decode_kernels(blas="torch"):
+            assert capture_blas() == "torch"
+            raise RuntimeError("inside")
+    assert capture_blas() == "cublaslt"
+    with pytest.raises(ValueError, match="blas must be one of"):
+        with decode_kernels(blas="cublasLt"):
+            pass
+    with pytest.raises(ValueError, match="capture BLAS library must be one of"):
+        use_capture_blas("mkl")
+    assert capture_blas() == "cublaslt"

@@ -11,6 +11,7 @@ from tiny_models import VOCAB, noisy_copy, tiny_model
 
 import specdec as sd
 from specdec.drafters import EagleDrafter
+from specdec.fused import decode_kernels
 from specdec.graphs import capture_graph, capture_graph_ref, cuda_graphed
 from specdec.heads import Eagle1Head, Eagle3Head
 from specdec.nn import masked_attention
@@ -119,3 +120,31 @@ def test_capture_graph_equals_its_eager_reference():
         a, b = graphed(*new), ref(*new)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a, fn(*new), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("blas", ["cublaslt", "cublas"])
+def test_capture_graph_captures_under_its_blas_library_and_restores_the_process_preference(blas):
+    """The warm-up and the capture run with torch preferring capture_blas()'s library; the process's own
+    preference is back afterwards (also when the step raises), and the replay equals the eager product."""
+    seen = []
+
+    def fn(x, w):
+        seen.append(torch.backends.cuda.preferred_blas_library())
+        return torch.nn.functional.linear(x, w)
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(61, 256, device="cuda", generator=g)
+    w = torch.randn(512, 256, device="cuda", generator=g)
+    before = torch.backends.cuda.preferred_blas_library()
+    with decode_kernels(blas=blas):
+        step = capture_graph(fn, (x, w))
+    assert torch.backends.cuda.preferred_blas_library() == before
+    want = {"cublaslt": torch._C._BlasBackend.Cublaslt, "cublas": torch._C._BlasBackend.Cublas}[blas]
+    assert seen and all(b == want for b in seen)
+    torch.testing.assert_close(step(x, w), x @ w.T, rtol=1e-4, atol=1e-4)
+
+    def bad(x, w):
+        raise RuntimeError("no capture")
+    with pytest.raises(RuntimeError, match="no capture"):
+        capture_graph(bad, (x, w))
+    assert torch.backends.cuda.preferred_blas_library() == before
