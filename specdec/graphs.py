@@ -57,7 +57,8 @@ __all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedSt
 # The BLAS library a captured step's GEMMs are picked from (torch.backends.cuda.preferred_blas_library, set for the
 # warm-up and the capture only; a graph keeps the kernels it captured). Measured on the H200 (session 21, Llama-2-7B
 # shapes, CUDA-graph replays, weights cold in L2): cuBLASLt's pick for 61-64 rows of down_proj 28.1 -> 25.1 us, one
-# 61-row verify forward's linears 3.70 -> 3.59 ms, the same elsewhere at 1-64 rows; the EAGLE-2 step 6.38 -> 6.15 ms.
+# 61-row verify forward's linears 3.70 -> 3.59 ms, the same elsewhere at 1-64 rows; the batch-1 EAGLE-2 step (FR-Spec
+# 8192) 6.43 -> 6.28 / 6.27 ms, +-2% at batch 4 and 16 (bench_fast_7b.py --blas, one process per library).
 CAPTURE_BLAS_CHOICES = ("cublaslt", "cublas", "torch")
 _CAPTURE_BLAS = {"library": "cublaslt"}
 
