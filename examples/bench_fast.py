@@ -619,7 +619,8 @@ def add_kernel_args(ap) -> None:
     element-wise ops only, ``none`` neither; without the flag, the library's defaults. ``--tree-attention on|off``:
     forwards of a few tokens under a mask (verification, the EAGLE heads' levels) on
     :func:`specdec.kernels.tree_attention` or SDPA; without it, the library's default. ``--blas cublaslt|cublas|
-    torch``: the BLAS library captured steps pick their GEMMs from (:func:`specdec.graphs.use_capture_blas`)."""
+    torch``: the BLAS library captured steps pick their GEMMs from (:func:`specdec.graphs.use_capture_blas`).
+    ``--skinny-rows N``: the most rows a projection runs on :func:`specdec.kernels.linear_skinny` (0: never)."""
     from specdec.graphs import CAPTURE_BLAS_CHOICES
 
     ap.add_argument("--decode-kernels", nargs="?", const="all", default=None, choices=["all", "ops", "none"],
@@ -628,6 +629,8 @@ def add_kernel_args(ap) -> None:
                     help="tree verification and EAGLE levels on the tree-attention kernel (on) or SDPA (off)")
     ap.add_argument("--blas", default=None, choices=CAPTURE_BLAS_CHOICES,
                     help="the BLAS library captured steps pick GEMMs from (default: the library's, cublaslt)")
+    ap.add_argument("--skinny-rows", type=int, default=None,
+                    help="the most rows a projection runs on the tensor-core skinny kernel (0: never; default 16)")
 
 
 def kernels_for(args):
@@ -635,13 +638,13 @@ def kernels_for(args):
     from specdec.fused import decode_kernels
 
     choice, tree = getattr(args, "decode_kernels", None), getattr(args, "tree_attention", None)
-    blas = getattr(args, "blas", None)
-    if choice is None and tree is None and blas is None:
+    blas, skinny = getattr(args, "blas", None), getattr(args, "skinny_rows", None)
+    if choice is None and tree is None and blas is None and skinny is None:
         return contextlib.nullcontext()
     settings = {} if choice is None else dict(attention=choice == "all", fused_ops=choice in ("all", "ops"))
     if tree is not None:
         settings["tree_attention"] = tree == "on"
-    return decode_kernels(blas=blas, **settings)
+    return decode_kernels(blas=blas, skinny_rows=skinny, **settings)
 
 
 def run_bench(ap, args) -> dict:

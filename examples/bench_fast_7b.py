@@ -29,7 +29,8 @@ figure is the step's wall time):
   (:meth:`~specdec.heads.Eagle1Head.restrict_vocab`, FR-Spec; lossless, the drafts may differ).
 
 ``--blas`` picks the BLAS library the captured steps take their GEMMs from (:func:`specdec.graphs.use_capture_blas`;
-default the library's, cuBLASLt).
+default the library's, cuBLASLt); ``--skinny-rows`` the most rows a projection runs on the tensor-core skinny kernel
+(:func:`specdec.kernels.linear_skinny`: the head's tree levels and updates; 0 turns it off).
 
 ``--queued N`` times N steps queued back to back per run (no sync between, as ``generate()`` queues them) and
 reports the time / N: the step inside a decoding loop, where the host's launches for the next step overlap the
@@ -60,7 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from specdec import recipes  # noqa: E402
 from specdec.adapter import ModelAdapter  # noqa: E402
 from specdec.drafters.eagle import EagleDrafter  # noqa: E402
-from specdec.fused import decode_kernels  # noqa: E402
+from specdec.fused import decode_kernels, decode_settings  # noqa: E402
 from specdec.graphs import (  # noqa: E402
     CAPTURE_BLAS_CHOICES,
     GraphedDrafter,
@@ -332,6 +333,8 @@ def main(argv=None):
                         help="time these rows only (default: every row)")
     parser.add_argument("--blas", default=None, choices=CAPTURE_BLAS_CHOICES,
                         help="the BLAS library captured steps pick GEMMs from (default: the library's, cublaslt)")
+    parser.add_argument("--skinny-rows", type=int, default=None,
+                        help="the most rows a projection runs on the tensor-core skinny kernel (0: never; default 16)")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
     parser.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = parser.parse_args(argv)
@@ -346,6 +349,8 @@ def main(argv=None):
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
                 draft_vocab=args.draft_vocab, blas=args.blas or capture_blas())
+    with decode_kernels(skinny_rows=args.skinny_rows):
+        meta["skinny_rows"] = decode_settings()["skinny_rows"]
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
     drafter = recipes.eagle2(head, **TREE)
@@ -358,7 +363,7 @@ def main(argv=None):
         fr_head.load_state_dict(head.state_dict())
         fr_drafter = recipes.eagle2(fr_head, **TREE)
     rows = {}
-    with decode_kernels(blas=args.blas):
+    with decode_kernels(blas=args.blas, skinny_rows=args.skinny_rows):
         for batch in args.batches:
             rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter)
             print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)

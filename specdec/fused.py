@@ -52,9 +52,10 @@ from .graphs import CAPTURE_BLAS_CHOICES, capture_blas, use_capture_blas
 from .kernels.decode_attention import decode_attention
 from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
+from .kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny
 from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
 from .nn.attention import masked_sdpa_kernel, use_tree_attention
-from .nn.inference import cat_linears, linear_versions, use_fused_layers
+from .nn.inference import cat_linears, linear_versions, use_fused_layers, use_skinny_linear
 
 __all__ = ["FusedDecoder", "fused_support", "FUSED_MODEL_TYPES", "decode_kernels", "decode_settings"]
 
@@ -108,16 +109,19 @@ def fused_support(model: nn.Module) -> str | None:
 # Session 12 (H200, CUDA-graph replays): 5.4 us against cuDNN's 12.0 for the fixture's 64-node verify attention,
 # 17.7 against 34.3 for Llama-2-7B's; the fixture's compiled EAGLE-3 step 1.24 -> 1.09 ms of GPU time: on.
 # The BLAS library captures pick GEMMs from is held by specdec.graphs (use_capture_blas; measured there).
-_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "decode_attention": False, "fused_ops": True,
-                    "tree_attention": True}
+_DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "skinny_rows": SKINNY_DEFAULT_ROWS, "decode_attention": False,
+                    "fused_ops": True, "tree_attention": True}
 
 
 @contextlib.contextmanager
-def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = None, fused_ops: bool | None = None,
-                   tree_attention: bool | None = None, blas: str | None = None):
+def decode_kernels(*, gemv_rows: int | None = None, skinny_rows: int | None = None, attention: bool | None = None,
+                   fused_ops: bool | None = None, tree_attention: bool | None = None, blas: str | None = None):
     """Within the block, fused decoders built without their own settings (as the fast path builds them) take these:
     ``gemv_rows``, the most rows a forward may have for :func:`specdec.kernels.linear_rows` (``0``: ``F.linear``
-    always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), and ``attention``, whether one-token
+    always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), ``skinny_rows``, the most rows a forward
+    may have for :func:`specdec.kernels.linear_skinny` (bfloat16 / float16 forwards of 2 or more rows, past
+    ``gemv_rows``; the draft heads' blocks too: :func:`specdec.nn.inference.use_skinny_linear`; ``0``: never;
+    default :data:`~specdec.kernels.skinny.SKINNY_DEFAULT_ROWS`), and ``attention``, whether one-token
     forwards attend with :func:`specdec.kernels.decode_attention` or SDPA, and ``fused_ops``, whether the residual
     adds + norms, RoPE + cache writes and SiLU-mul run as the fused kernels of :mod:`specdec.kernels.decoder_ops`
     or as torch ops (the draft heads' blocks too: :func:`specdec.nn.inference.use_fused_layers`),
@@ -133,6 +137,7 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
 
     Args:
         gemv_rows: ``0 <= gemv_rows`` or ``None``.
+        skinny_rows: ``0 <= skinny_rows <= SKINNY_MAX_ROWS`` or ``None``.
         attention: ``True``, ``False`` or ``None``.
         fused_ops: ``True``, ``False`` or ``None``.
         tree_attention: ``True``, ``False`` or ``None``.
@@ -144,13 +149,18 @@ def decode_kernels(*, gemv_rows: int | None = None, attention: bool | None = Non
     """
     if gemv_rows is not None and (not isinstance(gemv_rows, int) or gemv_rows < 0):
         raise ValueError(f"decode_kernels: gemv_rows must be an int >= 0 (0 turns the kernel off), got {gemv_rows!r}")
+    if skinny_rows is not None and (not isinstance(skinny_rows, int) or isinstance(skinny_rows, bool)
+                                    or not 0 <= skinny_rows <= SKINNY_MAX_ROWS):
+        raise ValueError(f"decode_kernels: skinny_rows must be an int in [0, {SKINNY_MAX_ROWS}] (0 turns the kernel "
+                         f"off), got {skinny_rows!r}")
     for name, value in (("attention", attention), ("fused_ops", fused_ops), ("tree_attention", tree_attention)):
         if value not in (None, True, False):
             raise ValueError(f"decode_kernels: {name} must be True, False or None, got {value!r}")
     if blas is not None and blas not in CAPTURE_BLAS_CHOICES:
         raise ValueError(f"decode_kernels: blas must be one of {CAPTURE_BLAS_CHOICES} or None, got {blas!r}")
     before, before_blas = dict(_DECODE_DEFAULTS), capture_blas()
-    for key, value in (("gemv_rows", gemv_rows), ("decode_attention", attention), ("fused_ops", fused_ops),
+    for key, value in (("gemv_rows", gemv_rows), ("skinny_rows", skinny_rows), ("decode_attention", attention),
+                       ("fused_ops", fused_ops),
                        ("tree_attention", tree_attention)):
         if value is not None:
             _DECODE_DEFAULTS[key] = value
@@ -166,11 +176,12 @@ def _apply_decode_defaults(blas: str) -> None:
     """Hand the settings to the modules that hold their own switches."""
     use_tree_attention(_DECODE_DEFAULTS["tree_attention"])
     use_fused_layers(_DECODE_DEFAULTS["fused_ops"])
+    use_skinny_linear(_DECODE_DEFAULTS["skinny_rows"])
     use_capture_blas(blas)
 
 
 def decode_settings() -> dict:
-    """The settings fused decoders built now take (``gemv_rows``, ``decode_attention``, ``fused_ops``,
+    """The settings fused decoders built now take (``gemv_rows``, ``skinny_rows``, ``decode_attention``, ``fused_ops``,
     ``tree_attention``, ``blas``; see :func:`decode_kernels`)."""
     return dict(_DECODE_DEFAULTS, blas=capture_blas())
 
@@ -214,7 +225,7 @@ class FusedDecoder:
     """
 
     def __init__(self, model: nn.Module, max_positions: int, *, gemv_rows: int | None = None,
-                 decode_attention: bool | None = None, fused_ops: bool | None = None,
+                 skinny_rows: int | None = None, decode_attention: bool | None = None, fused_ops: bool | None = None,
                  tree_attention: bool | None = None):
         reason = fused_support(model)
         if reason is not None:
@@ -250,6 +261,7 @@ class FusedDecoder:
         self.head_w, self.head_b = model.lm_head.weight, model.lm_head.bias
         self.cos, self.sin = self._rope_table(body.rotary_emb, max_positions)
         self.gemv_rows = _DECODE_DEFAULTS["gemv_rows"] if gemv_rows is None else int(gemv_rows)
+        self.skinny_rows = _DECODE_DEFAULTS["skinny_rows"] if skinny_rows is None else int(skinny_rows)
         self.decode_attention = (_DECODE_DEFAULTS["decode_attention"] if decode_attention is None
                                  else bool(decode_attention))
         self.fused_ops = _DECODE_DEFAULTS["fused_ops"] if fused_ops is None else bool(fused_ops)
@@ -259,7 +271,7 @@ class FusedDecoder:
 
     @property
     def settings(self) -> dict:
-        """This decoder's kernel choices: ``gemv_rows``, ``decode_attention``, ``fused_ops``,
+        """This decoder's kernel choices: ``gemv_rows``, ``skinny_rows``, ``decode_attention``, ``fused_ops``,
         ``tree_attention``, ``blas``."""
         return {key: getattr(self, key) for key in (*_DECODE_DEFAULTS, "blas")}
 
@@ -313,9 +325,13 @@ class FusedDecoder:
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear``; for at most :attr:`gemv_rows` rows :func:`specdec.kernels.linear_rows` (one streaming
-        pass over ``weight`` on CUDA; ``F.linear`` itself elsewhere and inside ``torch.compile``)."""
-        if x.numel() <= self.gemv_rows * x.shape[-1]:
+        pass over ``weight`` on CUDA), else for at most :attr:`skinny_rows` rows :func:`specdec.kernels.linear_skinny`
+        (on tensor cores; bfloat16 / float16); ``F.linear`` itself elsewhere and inside ``torch.compile``."""
+        rows = x.numel() // max(x.shape[-1], 1)
+        if rows <= self.gemv_rows:
             return linear_rows(x, weight, bias)
+        if rows <= self.skinny_rows:
+            return linear_skinny(x, weight, bias)
         return F.linear(x, weight, bias)
 
     # ------------------------------------------------------------------ weights

@@ -153,3 +153,24 @@ def test_kernel_flags_set_the_capture_blas_library_for_the_run_only():
         assert capture_blas() == "cublaslt"
     with pytest.raises(SystemExit):
         ap.parse_args(["--blas", "mkl"])
+
+
+def test_the_skinny_rows_flag_sets_the_kernels_rows_for_the_run_only():
+    """--skinny-rows reaches decode_settings() and the draft heads' switch inside the run's context only; a bad
+    value is refused with the valid range."""
+    import argparse
+
+    import bench_fast
+
+    import specdec.nn.inference as inference
+    from specdec.fused import decode_settings
+    from specdec.kernels import SKINNY_DEFAULT_ROWS
+
+    ap = argparse.ArgumentParser()
+    bench_fast.add_kernel_args(ap)
+    with bench_fast.kernels_for(ap.parse_args(["--skinny-rows", "0"])):
+        assert decode_settings()["skinny_rows"] == 0 == inference._SKINNY_ROWS[0]
+    assert decode_settings()["skinny_rows"] == SKINNY_DEFAULT_ROWS == inference._SKINNY_ROWS[0]
+    with pytest.raises(ValueError, match=r"skinny_rows must be an int in \[0, 64\]"):
+        with bench_fast.kernels_for(ap.parse_args(["--skinny-rows", "65"])):
+            pass

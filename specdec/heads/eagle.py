@@ -56,7 +56,7 @@ from ..nn import (
     uncached_attention,
     zero_linear,
 )
-from ..nn.inference import fused_inference
+from ..nn.inference import apply_linear, fused_inference, inference_linear
 from .common import target_dims, text_config
 
 __all__ = [
@@ -470,7 +470,7 @@ class Eagle1Head(_EagleHead):
 
     def _inputs(self, input_ids, hidden):
         if fused_inference(hidden):  # the embedding rows and the hidden states written side by side, one launch
-            return self.fc(embed_concat(input_ids, self.embed_weight, hidden)), None
+            return apply_linear(self.fc, embed_concat(input_ids, self.embed_weight, hidden)), None
         e = self.embed(input_ids).to(hidden.dtype)
         return self.fc(torch.cat([e, hidden], dim=-1)), None
 
@@ -499,7 +499,7 @@ class Eagle1Head(_EagleHead):
         """
         w = self.lm_head_weight.to(hidden.dtype)
         b = None if self.lm_head_bias is None else self.lm_head_bias.to(hidden.dtype)
-        return F.linear(hidden, w, b)
+        return inference_linear(hidden, w, b)
 
     def restrict_vocab(self, draft_vocab: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None) -> Eagle1Head:
         """Draft over a subset of the vocabulary (FR-Spec): the ``lm_head`` keeps only the subset's rows.
@@ -667,7 +667,7 @@ class Eagle3Head(_EagleHead):
             Shape ``[B, T, H]``.
         """
         self._check_features(features)
-        return self.fc(torch.cat([f.to(self.fc.weight.dtype) for f in features], dim=-1))
+        return apply_linear(self.fc, torch.cat([f.to(self.fc.weight.dtype) for f in features], dim=-1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``lm_head(norm(hidden))`` over the draft vocabulary.
@@ -678,7 +678,7 @@ class Eagle3Head(_EagleHead):
         Returns:
             Shape ``[..., V_draft]``.
         """
-        return self.lm_head(self.norm(hidden))
+        return apply_linear(self.lm_head, self.norm(hidden))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """``target_id = i + d2t[i]``.

@@ -19,6 +19,7 @@ op                                          replaces                            
 :func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
 :func:`linear_rows`                         ``F.linear`` of a decode step (<= 16 rows) 1
+:func:`linear_skinny`                       ``F.linear`` of 2-64 rows on tensor cores   1 (2 with ``K`` split)
 :func:`decode_attention`                    SDPA of one query per row (decode step)   2
 :func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
@@ -72,6 +73,7 @@ from .emit import (
 from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
+from .skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny, linear_skinny_ref, skinny_config
 from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, log_softmax_topk, log_softmax_topk_ref, topk_rows, topk_rows_ref
 from .tree_attention import (
                         TREE_ATTENTION_MAX_M,
@@ -119,6 +121,7 @@ __all__ = [
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
     "embed_concat", "embed_concat_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
+    "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref",
     "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan", "tree_attention_ref",
     "tree_attention_split",
     "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk", "log_softmax_topk_ref",

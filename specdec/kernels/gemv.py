@@ -86,22 +86,24 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
              mask=m_in[:, None] & n_in[None, :])
 
 
-def _check(x, weight, bias) -> tuple[int, int, int]:
+def check_linear(op: str, x, weight, bias) -> tuple[int, int, int]:
+    """``(rows, N, K)`` of a linear call, or a ``ValueError`` naming ``op`` and the bad argument (shared by
+    :func:`linear_rows` and :func:`specdec.kernels.linear_skinny`)."""
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or not x.dtype.is_floating_point:
-        raise ValueError("linear_rows: x must be a float tensor of shape [..., K]")
+        raise ValueError(f"{op}: x must be a float tensor of shape [..., K]")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise ValueError(f"linear_rows: weight must have shape [N, K] with K = x.shape[-1] = {x.shape[-1]}, got "
+        raise ValueError(f"{op}: weight must have shape [N, K] with K = x.shape[-1] = {x.shape[-1]}, got "
                          f"{tuple(getattr(weight, 'shape', ()))}")
     if weight.dtype != x.dtype:
-        raise ValueError(f"linear_rows: x ({x.dtype}) and weight ({weight.dtype}) must share a dtype (cast x)")
+        raise ValueError(f"{op}: x ({x.dtype}) and weight ({weight.dtype}) must share a dtype (cast x)")
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],)):
-        raise ValueError(f"linear_rows: bias must have shape [N] = [{weight.shape[0]}] or be None")
+        raise ValueError(f"{op}: bias must have shape [N] = [{weight.shape[0]}] or be None")
     rows = x.numel() // max(x.shape[-1], 1)
     return rows, weight.shape[0], weight.shape[1]
 
 
 def _linear_rows_triton(x, weight, bias, config=None) -> torch.Tensor:
-    rows, n, k = _check(x, weight, bias)
+    rows, n, k = check_linear("linear_rows", x, weight, bias)
     x2 = as_rows(x)
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
@@ -137,7 +139,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     Raises:
         ValueError: mismatched shapes or dtypes, naming the argument.
     """
-    rows, _, _ = _check(x, weight, bias)
+    rows, _, _ = check_linear("linear_rows", x, weight, bias)
     if rows > GEMV_MAX_ROWS or not use_kernel("linear_rows", x, weight):
         return linear_rows_ref(x, weight, bias)
     return _linear_rows_triton(x, weight, bias, config)

@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..kernels.decoder_ops import rope_store
 from ..kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
 from ..masks import to_aligned_additive_mask
-from .inference import fused_inference, fused_linear
+from .inference import apply_linear, fused_inference, fused_linear, inference_linear
 from .linear import zero_linear
 from .rope import apply_rotary
 
@@ -329,7 +329,7 @@ class Attention(nn.Module):
         Returns:
             Shape ``[B, T, H]``.
         """
-        return self.o_proj(rearrange(o, "b h t d -> b t (h d)"))
+        return apply_linear(self.o_proj, rearrange(o, "b h t d -> b t (h d)"))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """``output(attend(*project(x, cos, sin)))`` (on the fused inference path one ``[q; k; v]`` projection, and
@@ -349,7 +349,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
         weight, bias = fused_linear(self, ("q_proj", "k_proj", "v_proj"))
-        qkv = F.linear(x, weight, bias).view(B, T, nh + 2 * nk, d)
+        qkv = inference_linear(x, weight, bias).view(B, T, nh + 2 * nk, d)
         rotate_store = getattr(attend, "rotate_store", None)
         if rotate_store is not None:
             return self.output(rotate_store(qkv, cos, sin, nh))

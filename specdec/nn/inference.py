@@ -11,7 +11,9 @@ GPU their launches and their passes over tiny tensors cost more than reading the
   (:func:`specdec.kernels.rope_store`);
 - :class:`~specdec.nn.SwiGLU`: one ``[gate; up]`` projection and :func:`specdec.kernels.silu_mul`;
 - :class:`~specdec.nn.RMSNorm` and a layer's residual add + post-attention norm:
-  :func:`specdec.kernels.add_rms_norm`.
+  :func:`specdec.kernels.add_rms_norm`;
+- the projections of a forward of 2 to :func:`use_skinny_linear`'s rows (a draft tree's level, an update over the
+  accepted tokens; bfloat16 / float16): :func:`specdec.kernels.linear_skinny` (:func:`inference_linear`).
 
 When: no gradient is being recorded, outside ``torch.compile`` (inductor fuses the plain ops itself), on CUDA
 tensors (or any tensors with :func:`specdec.kernels.kernel_mode` ``"triton"``, the interpreter's tests), and while
@@ -34,13 +36,66 @@ References:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels._dispatch import get_kernel_mode
+from ..kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, linear_skinny
 
-__all__ = ["use_fused_layers", "fused_inference", "fused_linear", "cat_linears", "linear_versions"]
+__all__ = ["use_fused_layers", "fused_inference", "fused_linear", "cat_linears", "linear_versions",
+           "use_skinny_linear", "inference_linear", "apply_linear"]
 
 _FUSED = [True]
+_SKINNY_ROWS = [SKINNY_DEFAULT_ROWS]
+
+
+def use_skinny_linear(max_rows: int) -> int:
+    """The most rows a projection on the fused inference path runs with :func:`specdec.kernels.linear_skinny`
+    (``0`` or ``1``: never; :func:`specdec.fused.decode_kernels` ``skinny_rows=`` sets it with the fused decoders'
+    setting); returns the previous setting.
+
+    Args:
+        max_rows: ``0 <= max_rows <= SKINNY_MAX_ROWS``.
+    """
+    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or not 0 <= max_rows <= SKINNY_MAX_ROWS:
+        raise ValueError(f"use_skinny_linear: max_rows must be an int in [0, {SKINNY_MAX_ROWS}] (0 turns the kernel "
+                         f"off), got {max_rows!r}")
+    previous, _SKINNY_ROWS[0] = _SKINNY_ROWS[0], max_rows
+    return previous
+
+
+def inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; on the fused inference path, for 2 to :func:`use_skinny_linear`'s rows,
+    :func:`specdec.kernels.linear_skinny` (one streaming pass over ``weight`` on tensor cores).
+
+    Args:
+        x: Shape ``[..., K]``.
+        weight: Shape ``[N, K]``.
+        bias: Shape ``[N]`` or ``None``.
+
+    Returns:
+        Shape ``[..., N]``.
+    """
+    rows = x.numel() // max(x.shape[-1], 1)
+    if SKINNY_MIN_ROWS <= rows <= _SKINNY_ROWS[0] and fused_inference(x):
+        return linear_skinny(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def apply_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` through :func:`inference_linear` on the fused inference path (hooks and subclasses of
+    ``nn.Linear`` run their own forward).
+
+    Args:
+        layer: an ``nn.Linear``.
+        x: Shape ``[..., in_features]``.
+
+    Returns:
+        Shape ``[..., out_features]``.
+    """
+    if type(layer) is nn.Linear and not layer._forward_hooks and not layer._forward_pre_hooks and fused_inference(x):
+        return inference_linear(x, layer.weight, layer.bias)
+    return layer(x)
 
 
 def use_fused_layers(enabled: bool) -> bool:

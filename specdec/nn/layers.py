@@ -33,7 +33,7 @@ from torch import nn
 
 from ..kernels.decoder_ops import add_rms_norm, silu_mul
 from .attention import AttendFn, Attention
-from .inference import fused_inference, fused_linear
+from .inference import apply_linear, fused_inference, fused_linear, inference_linear
 from .linear import zero_linear
 
 __all__ = ["DecoderConfig", "RMSNorm", "SwiGLU", "DecoderLayer", "FusedInputDecoderLayer"]
@@ -142,7 +142,7 @@ class SwiGLU(nn.Module):
         """
         if fused_inference(x):
             weight, bias = fused_linear(self, ("gate_proj", "up_proj"))
-            return self.down_proj(silu_mul(F.linear(x, weight, bias)))
+            return apply_linear(self.down_proj, silu_mul(inference_linear(x, weight, bias)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

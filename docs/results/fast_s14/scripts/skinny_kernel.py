@@ -22,7 +22,7 @@ import torch
 
 from specdec.kernels._dispatch import use_kernel
 from specdec.kernels._triton import INTERPRETED, as_rows, jit, next_pow2, tl
-from specdec.kernels.gemv import _check, linear_rows_ref
+from specdec.kernels.gemv import check_linear, linear_rows_ref
 
 __all__ = ["SKINNY_MAX_ROWS", "linear_skinny", "linear_skinny_ref", "skinny_config"]
 
@@ -112,7 +112,7 @@ def _sms(device: torch.device) -> int:
 
 
 def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
-    rows, n, k = _check(x, weight, bias)
+    rows, n, k = check_linear("linear_skinny", x, weight, bias)
     x2 = as_rows(x)
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
@@ -160,7 +160,7 @@ def linear_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         >>> torch.allclose(linear_skinny(x, w), x @ w.T)
         True
     """
-    rows, _, _ = _check(x, weight, bias)
+    rows, _, _ = check_linear("linear_skinny", x, weight, bias)
     if rows > SKINNY_MAX_ROWS or not use_kernel("linear_skinny", x, weight):
         return linear_skinny_ref(x, weight, bias)
     return _linear_skinny_triton(x, weight, bias, config)

@@ -1,4 +1,5 @@
-"""Session 14: session 13's 7B step profile (phases, kernels); env ROWS = batch, SKINNY = linear_skinny's rows."""
+"""Session 14: session 13's 7B step profile (phases, kernels); env ROWS = batch, SKINNY = linear_skinny's rows,
+FR = the head's draft vocabulary (FR-Spec, session 22; default the full one)."""
 import os
 import sys
 
@@ -31,6 +32,9 @@ torch.manual_seed(0)
 model = B.build_target(B.LLAMA2_7B, dev, dt)
 torch.manual_seed(1)
 head = Eagle1Head.from_target(model)
+if os.environ.get("FR"):  # the lm_head cut to FR random target ids, as bench_fast_7b's fast_spec_fr row
+    head.restrict_vocab(torch.randperm(32000, generator=torch.Generator().manual_seed(2))[:int(os.environ["FR"])]
+                        .sort().values)
 ROWS = int(os.environ.get("ROWS", "1"))
 ids = torch.randint(0, 32000, (ROWS, 512), device=dev, generator=torch.Generator(device=dev).manual_seed(1))
 cap_kw = {}

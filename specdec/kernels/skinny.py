@@ -1,0 +1,173 @@
+"""A linear layer for a few dozen rows on tensor cores: ``y = x @ W^T + b`` for the fast path's draft and verify
+forwards (2 to 64 rows), streamed as one pass over ``W``.
+
+A speculative step multiplies a handful of rows by every weight matrix: the draft head's tree levels (the top-k
+frontier, 10 rows), the head's update over the accepted tokens (up to depth + 1 rows) and the target's verify
+forward (the tree, 61 rows at batch 1). Such products are still bound by reading ``W`` (64 rows of bfloat16 do 64
+multiply-adds per weight read, under a third of what the H200's tensor cores sustain per byte of its memory), but
+cuBLAS's kernels for them do not stream ``W`` at the memory's bandwidth. This kernel computes ``y^T = W x^T``: each
+program owns ``BLOCK_N`` output features (the tensor-core tile's long side) and all ``M <= BLOCK_M`` rows (the short
+side), walks ``K`` in ``BLOCK_K`` chunks through a software pipeline of ``num_stages`` loads in flight, and
+accumulates in float32. With ``SPLIT_K > 1`` the programs also split ``K`` (more programs for matrices with few
+outputs) and a second launch sums their float32 partials, adds the bias and casts.
+
+The reference is ``F.linear``; results equal it up to float rounding (the summation order differs), as for
+:func:`specdec.kernels.linear_rows`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._dispatch import use_kernel
+from ._triton import as_rows, jit, next_pow2, tl
+from .gemv import check_linear
+
+__all__ = ["SKINNY_MAX_ROWS", "SKINNY_MIN_ROWS", "SKINNY_DTYPES", "SKINNY_DEFAULT_ROWS", "SkinnyConfig",
+           "linear_skinny", "linear_skinny_ref", "skinny_config"]
+
+#: The most rows (``x``'s leading dims flattened) the kernel takes; larger inputs run ``F.linear``.
+SKINNY_MAX_ROWS = 64
+
+#: The dtypes the kernel takes; float32 runs ``F.linear`` (tensor cores would round it to tf32).
+SKINNY_DTYPES = (torch.bfloat16, torch.float16)
+
+#: Rows up to which the fused inference paths use the kernel by default (:func:`specdec.nn.use_skinny_linear`,
+#: :func:`specdec.fused.decode_kernels` ``skinny_rows=``): a draft head's tree levels and updates.
+SKINNY_DEFAULT_ROWS = 16
+
+#: The fewest rows the kernel takes (a tensor-core tile is at least 16 wide; one row is
+#: :func:`specdec.kernels.linear_rows`'s case).
+SKINNY_MIN_ROWS = 2
+
+
+class SkinnyConfig(tuple):
+    """``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)`` of one launch (a plain tuple subclass, hashable)."""
+
+    __slots__ = ()
+
+    def __new__(cls, block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int):
+        return super().__new__(cls, (int(block_n), int(block_k), int(split_k), int(num_warps), int(num_stages)))
+
+
+def linear_skinny_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference for :func:`linear_skinny`, same arguments and shapes (``x [..., K]``, ``weight [N, K]``, ``bias [N]``
+    or ``None`` -> ``[..., N]``): ``F.linear(x, weight, bias)``."""
+    return F.linear(x, weight, bias)
+
+
+def skinny_config(rows: int, n: int, k: int) -> SkinnyConfig:
+    """The launch configuration for ``rows`` rows of an ``[n, k]`` weight.
+
+    Set from a sweep on the H200 (bf16, the Llama-2-7B shape's matrices and its EAGLE head's, 7 and 10 rows,
+    CUDA-graph replays; ``docs/results/fast_s22``): 64 outputs per program, 128 inputs per load, 4 loads in flight;
+    ``K`` split in two (a second, small launch sums the halves) for large matrices with fewer than 100 programs
+    otherwise (a 4096 x 4096 ``o_proj``: 64 programs, about half the multiprocessors).
+    """
+    block_n, block_k = 64, 128
+    programs = -(-n // block_n)
+    split = 2 if programs < 100 and n * k >= 1 << 24 and k % (2 * block_k) == 0 else 1
+    return SkinnyConfig(block_n, block_k, split, 4, 4)
+
+
+@jit
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, stride_ys,
+                   HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program ``(pid_n, pid_k)``: ``acc[n, m] = sum_{k in split pid_k} w[n, k] * x[m, k]``; written as ``y[m, n]``
+    (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    kk = tl.arange(0, BLOCK_K)
+    n_in, m_in = n < N, m < M
+    k0 = pid_k * K_PER_SPLIT
+    w_ptrs = w_ptr + n[:, None].to(tl.int64) * stride_wn + (k0 + kk)[None, :]
+    x_ptrs = x_ptr + m[None, :] * stride_xm + (k0 + kk)[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for start in range(0, K_PER_SPLIT, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs, mask=n_in[:, None], other=0.0)
+            x = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
+        else:
+            k_in = (k0 + start + kk) < K
+            w = tl.load(w_ptrs, mask=n_in[:, None] & k_in[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=k_in[:, None] & m_in[None, :], other=0.0)
+        acc = tl.dot(w, x, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    out_mask = n_in[:, None] & m_in[None, :]
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + m[None, :] * stride_ym + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(y_ptr + pid_k * stride_ys + m[None, :] * stride_ym + n[:, None], acc, mask=out_mask)
+
+
+@jit
+def _skinny_reduce_kernel(p_ptr, b_ptr, y_ptr, MN, N, stride_ps, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """``y.flat[i] = sum_s p[s].flat[i] (+ b[i % N])``, cast to ``y``'s dtype."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(p_ptr + s * stride_ps + i, mask=inside, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + i % N, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=inside)
+
+
+def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
+    rows, n, k = check_linear("linear_skinny", x, weight, bias)
+    x2 = as_rows(x)
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if rows and n:
+        block_n, block_k, split, num_warps, num_stages = config or skinny_config(rows, n, k)
+        block_m = max(16, next_pow2(rows))
+        k_per_split = -(-k // (split * block_k)) * block_k
+        even_k = k % (split * block_k) == 0
+        target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=x.device)
+        b = bias if bias is not None else weight
+        _skinny_kernel[(-(-n // block_n), split)](
+            x2, weight, b, target, rows, n, k, k_per_split, x2.stride(0), weight.stride(0), n,
+            rows * n if split > 1 else 0, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        )
+        if split > 1:
+            block = 1024
+            _skinny_reduce_kernel[(-(-(rows * n) // block),)](
+                target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block,
+                num_warps=4,
+            )
+    return y.view(*x.shape[:-1], n)
+
+
+def linear_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for inputs of :data:`SKINNY_MIN_ROWS` to :data:`SKINNY_MAX_ROWS` rows on
+    tensor cores, as one streaming pass over ``weight`` (the Triton kernel on CUDA for bfloat16 / float16;
+    ``F.linear`` otherwise, for float32 and for other row counts).
+
+    Args:
+        x: Shape ``[..., K]``; its leading dims flattened are the rows ``M``.
+        weight: Shape ``[N, K]``, ``x``'s dtype.
+        bias: Shape ``[N]`` or ``None``.
+        config: ``(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)`` to force (benchmarks); default
+            :func:`skinny_config`.
+
+    Returns:
+        Shape ``[..., N]`` in ``x``'s dtype (accumulated in float32).
+
+    Raises:
+        ValueError: mismatched shapes or dtypes, naming the argument.
+    """
+    rows, _, _ = check_linear("linear_skinny", x, weight, bias)
+    if (not SKINNY_MIN_ROWS <= rows <= SKINNY_MAX_ROWS or x.dtype not in SKINNY_DTYPES
+            or not use_kernel("linear_skinny", x, weight)):
+        return linear_skinny_ref(x, weight, bias)
+    return _linear_skinny_triton(x, weight, bias, config)
