@@ -26,11 +26,24 @@ re-runs ``fn`` eagerly (any device): the reference the graph is tested against.
   stay put (with headroom), reusing ``buffers`` (the ``Step.buffers`` of an earlier run) when they fit, so
   graphs captured in one ``generate()`` call replay in the next.
 
-:class:`GraphedDrafter` keeps one graph per (``key``, input shapes) while the buffers stay the same tensors;
-when a step brings new buffers (the cache grew, the batch size changed) it drops its graphs and captures again.
-Where a step cannot be captured (a CPU device, ``key=None``) it runs the drafter eagerly, so on CPU a graphed
-drafter *is* the eager drafter. A graphed drafter serves one ``generate()`` at a time (its states are consumed in
-order anyway). Graphs are for inference: the wrapper runs under ``torch.no_grad()``.
+:class:`GraphedDrafter` keeps one graph per (``key``, input shapes) while the buffers stay the same tensors; when a
+step brings new buffers (the cache grew, the batch size changed) it drops its graphs and captures again. Where a
+step cannot be captured (a CPU device, ``key=None``) it runs the drafter eagerly, so on CPU a graphed drafter *is*
+the eager drafter. A graphed drafter serves one ``generate()`` at a time (its states are consumed in order anyway).
+Graphs are for inference: the wrapper runs under ``torch.no_grad()``.
+
+**The next draft inside the update** (``prefetch=True``; off by default: on the H200 it saved 0-0.15 ms of a ~1-1.4
+ms parallel-drafter step, within the spread between runs; ``docs/fast_path.md``, session 22). A drafter whose
+``prefetches_drafts`` is true promises that its ``draft_step`` reads of a request only ``num_drafts`` and ``roots``
+(the parallel drafters with stateful heads: P-EAGLE, DFlash, DSpark), so the next step's draft can be computed as
+soon as the update's feedback (whose ``roots`` are the next request's) is in. Their ``update`` then replays *one*
+graph holding the absorb step and the draft step for the ``K`` of the last request (the draft step's inputs taken
+straight from the absorb step's outputs, not copied in), and the next ``propose`` returns that draft without
+launching anything when it is called with the state ``update`` returned, those roots and that ``K``; otherwise
+(another ``K``, a plain step) the prefetched draft is dropped and ``propose`` runs as usual, so the results never
+change: the same kernels run on the same values in the same order. This saves a graph launch, the draft step's input
+copies and its output clones per step (the parallel drafters' steps are bound by the host: ``docs/fast_path.md``,
+sessions 19 and 22).
 
 References:
     NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
@@ -384,12 +397,15 @@ class GraphedDrafter:
         drafter: the wrapped drafter.
         max_num_drafts, feature_layers, vocab_size: the wrapped drafter's.
         counts: running totals for diagnosis: ``captures`` (graphs captured), ``replays``, ``eager`` (steps run
-            eagerly: no key, e.g. a prompt-wide update) and ``buffer_changes`` (new buffers: every held graph was
-            dropped). A benchmark reads them around a timed run to see whether it captured anything.
+            eagerly: no key, e.g. a prompt-wide update), ``buffer_changes`` (new buffers: every held graph was
+            dropped) and ``prefetched`` (drafts ``propose`` returned from the update's graph; see the module). A
+            benchmark reads them around a timed run to see whether it captured anything.
+        prefetch: compute the next draft inside ``update`` for drafters that allow it (module docstring; default
+            off).
     """
 
     def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
-                 device_types: tuple[str, ...] = ("cuda",)):
+                 device_types: tuple[str, ...] = ("cuda",), prefetch: bool = False):
         if not isinstance(drafter, GraphableDrafter):
             raise TypeError(f"{type(drafter).__name__} cannot be graphed: it needs draft_step(), absorb_step() and "
                             f"start(..., static=, buffers=) (see specdec.graphs); use it unwrapped")
@@ -399,7 +415,11 @@ class GraphedDrafter:
         self._graphs: dict = {}
         self._buffers: Any = None
         self._buffer_ids: tuple = ()
-        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0}
+        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0, "prefetched": 0}
+        self.prefetch = bool(prefetch)
+        self._request: Any = None  # the last propose's request: the template of the next one
+        self._prefetched: tuple | None = None  # (state, roots, num_drafts, (draft, state)) from the last update
+        self._unfused: set = set()  # update+draft keys found not fusable (see _update_and_draft)
 
     def __repr__(self) -> str:
         return f"cuda_graphed({self.drafter!r})"
@@ -443,6 +463,7 @@ class GraphedDrafter:
         if ids != self._buffer_ids:  # new buffers: graphs captured on the old ones are stale
             self.counts["buffer_changes"] += bool(self._graphs)
             self._graphs, self._buffers, self._buffer_ids = {}, buffers, ids
+            self._unfused = set()
 
     def _run(self, step: Step) -> Any:
         self._track(step.buffers)
@@ -468,6 +489,7 @@ class GraphedDrafter:
         Returns:
             The wrapped drafter's state.
         """
+        self._request = self._prefetched = None
         if not self._captures_on(feedback.tokens.device):
             return self.drafter.start(feedback)
         return self.drafter.start(feedback, static=True, buffers=self._buffers)
@@ -485,6 +507,12 @@ class GraphedDrafter:
         """
         if not self._captures_on(request.roots.device):
             return self.drafter.propose(state, request)
+        prefetched, self._prefetched = self._prefetched, None
+        if (prefetched is not None and prefetched[0] is state and prefetched[1] is request.roots
+                and prefetched[2] == request.num_drafts):
+            self.counts["prefetched"] += 1
+            return prefetched[3]
+        self._request = request
         return self._run(self.drafter.draft_step(state, request))
 
     @torch.no_grad()
@@ -498,9 +526,78 @@ class GraphedDrafter:
         Returns:
             The new state.
         """
+        self._prefetched = None
         if not self._captures_on(feedback.tokens.device):
             return self.drafter.update(state, feedback)
-        return self._run(self.drafter.absorb_step(state, feedback))
+        absorb = self.drafter.absorb_step(state, feedback)
+        if (not self.prefetch or self._request is None or absorb.key is None
+                or not getattr(self.drafter, "prefetches_drafts", False)):
+            return self._run(absorb)
+        return self._update_and_draft(absorb, feedback)
+
+    def _update_and_draft(self, absorb: Step, feedback: Feedback) -> Any:
+        """``update`` through one graph that also drafts the next step (module docstring); the draft is kept for
+        the next :meth:`propose`."""
+        request = self._request._replace(roots=feedback.roots, root_positions=None, active=None)
+        self._track(absorb.buffers)
+        inputs = (*absorb.inputs, feedback.roots)
+        key = (("update+draft", absorb.key, request.num_drafts), _spec(inputs))
+        if key in self._unfused:
+            return self._run(absorb)
+        entry = self._graphs.get(key)
+        if entry is None:  # first time: run the absorb step alone, see where the draft step's inputs come from
+            captured_absorb = self._graphs.get((absorb.key, _spec(absorb.inputs)))
+            outputs = captured_absorb.run_matching(absorb.inputs) if captured_absorb else absorb.fn(*absorb.inputs)
+            state = absorb.finish(outputs)
+            draft = self.drafter.draft_step(state, request)
+            sources = _sources(draft.inputs, outputs, inputs)
+            if draft.key is None or sources is None or draft.buffers is not absorb.buffers:
+                self._unfused.add(key)  # not fusable at this key: the plain update from now on
+                self.counts["replays" if captured_absorb else "eager"] += 1
+                return state
+            fused = _chain(absorb.fn, draft.fn, draft.inputs, sources, len(absorb.inputs))
+            self._graphs[key] = entry = (self.capture(fused, inputs), draft.key)
+            self.counts["captures"] += 1
+        else:
+            self.counts["replays"] += 1
+        captured, draft_key = entry
+        outputs, draft_outputs = captured.run_matching(inputs)
+        state = absorb.finish(outputs)
+        draft = self.drafter.draft_step(state, request)
+        if draft.key != draft_key:  # the draft would be another graph's: keep the update, draft in propose
+            return state
+        self._prefetched = (state, feedback.roots, request.num_drafts, draft.finish(draft_outputs))
+        return state
+
+
+def _sources(targets, outputs, inputs) -> list[tuple[str, int]] | None:
+    """For each tensor of ``targets``: ``("out", i)`` when it *is* leaf ``i`` of ``outputs``, else ``("in", i)`` when
+    it is leaf ``i`` of ``inputs``; ``None`` when one is neither."""
+    out_ids = {id(t): i for i, t in enumerate(_leaves(outputs))}
+    in_ids = {id(t): i for i, t in enumerate(_leaves(inputs))}
+    found = []
+    for t in _leaves(targets):
+        if id(t) in out_ids:
+            found.append(("out", out_ids[id(t)]))
+        elif id(t) in in_ids:
+            found.append(("in", in_ids[id(t)]))
+        else:
+            return None
+    return found
+
+
+def _chain(first: Callable, second: Callable, second_inputs, sources: list[tuple[str, int]], n_first: int
+           ) -> Callable:
+    """``fn(*inputs) -> (first(*inputs[:n_first]), second(*args))`` with ``second``'s arguments (shaped as
+    ``second_inputs``) gathered from ``first``'s outputs and ``inputs`` as ``sources`` says."""
+    def chained(*inputs):
+        outputs = first(*inputs[:n_first])
+        pools = {"out": _leaves(outputs), "in": _leaves(inputs)}
+        picked = iter([pools[kind][i] for kind, i in sources])
+        args = _map(lambda _: next(picked), second_inputs)
+        return outputs, second(*args)
+
+    return chained
 
 
 def cuda_graphed(drafter: GraphableDrafter) -> GraphedDrafter:

@@ -90,8 +90,10 @@ def capture_strict(fn, inputs):
 
 
 def _on_cpu(drafter) -> tuple[GraphedDrafter, _Counting]:
+    """The drafter graphed on CPU through the strict reference capture, drafting ahead in its updates (prefetch:
+    the steps below check those drafts against the eager drafter's too)."""
     counter = _Counting(capture_strict)
-    return GraphedDrafter(drafter, capture=counter, device_types=("cpu",)), counter
+    return GraphedDrafter(drafter, capture=counter, device_types=("cpu",), prefetch=True), counter
 
 
 def test_the_strict_reference_capture_refuses_host_syncs():
@@ -188,6 +190,10 @@ def test_captured_steps_equal_the_eager_drafter(target, method):
     assert 0 < len(proposes) < sum(op == "propose" for op, *_ in SCRIPT)  # later proposes replayed a capture
     if method == "dspark":  # the gate cut rows to different depths inside the captured step
         assert any(len(set(d.depths.amax(1).tolist())) > 1 for d in drafts)
+    # the stateful heads drafted ahead inside their updates' graphs; the plain step and the K change (4 -> 2 -> 4)
+    # dropped the draft made ahead and proposed anew (their drafts are checked against the eager ones above)
+    assert (graphed.counts["prefetched"] > 0) == (method != "medusa")
+    assert graphed.counts["prefetched"] < sum(op == "propose" for op, *_ in SCRIPT) - 1
 
 
 def test_a_trimming_gate_and_heads_without_hooks_draft_eagerly(target):
@@ -273,7 +279,9 @@ def test_generate_through_captures_is_greedy_identical_and_captures_once(target,
         assert torch.equal(a.sequences, plain.sequences) and torch.equal(a.sequences, b.sequences)
         assert a.stats.num_accepted_per_step == b.stats.num_accepted_per_step
         assert a.stats.num_draft_forwards == b.stats.num_draft_forwards
-        assert any(k[0] == "propose" for k in graphed.graph_keys)
+        # drafts from a captured graph: a propose's, or (heads with the step hooks) the update's that drafts ahead
+        assert any(k[0] in ("propose", "update+draft") for k in graphed.graph_keys)
+        assert (graphed.counts["prefetched"] > 0) == (method != "medusa")
         assert counter.calls == len(graphed.graph_keys)  # no (key, shapes) captured twice
         assert graphed.counts["captures"] == counter.calls and graphed.counts["buffer_changes"] == 0
         assert graphed.counts["replays"] > 0
@@ -382,3 +390,57 @@ def test_a_profiled_run_replays_the_graphs_of_an_unprofiled_one(target):
     captured = counter.calls
     out = sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=14, fast=True, profile=True)
     assert counter.calls == captured and set(out.stats.phase_times) >= {"draft", "target", "verify"}
+
+
+@pytest.mark.parametrize("method", ["peagle", "dflash"])
+def test_drafting_ahead_in_the_update_changes_no_draft_and_can_be_turned_off(target, method):
+    """prefetch=False: every draft from a propose of its own, no update+draft graph; the drafts, states and
+    acceptance equal the prefetching wrapper's and the eager drafter's over a generate() run."""
+    ids, mask = _prompts(3, seed=2)
+    runs = {}
+    for name, prefetch in (("ahead", True), ("apart", False)):
+        counter = _Counting(capture_strict)
+        graphed = GraphedDrafter(_drafter(method, target), capture=counter, device_types=("cpu",), prefetch=prefetch)
+        runs[name] = (sd.generate(target, ids, attention_mask=mask, drafter=graphed, max_new_tokens=12), graphed)
+    eager = sd.generate(target, ids, attention_mask=mask, drafter=_drafter(method, target), max_new_tokens=12)
+    (ahead, g_ahead), (apart, g_apart) = runs["ahead"], runs["apart"]
+    for out in (ahead, apart):
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
+    assert g_ahead.counts["prefetched"] >= ahead.stats.num_steps - 2  # all but the first step's (and a last one)
+    assert any(k[0] == "update+draft" for k in g_ahead.graph_keys)
+    assert g_apart.counts["prefetched"] == 0 and not any(k[0] == "update+draft" for k in g_apart.graph_keys)
+
+
+def test_a_draft_made_ahead_serves_only_the_state_roots_and_k_it_was_made_for(target):
+    """A propose with another state object, other roots or another K than the update drafted ahead for runs its
+    own draft step (and equals the eager drafter's)."""
+    def fresh():
+        graphed, _ = _on_cpu(_drafter("peagle", target))
+        rows = _Rows(target, graphed.feature_layers, seed=9)
+        state = graphed.start(rows.prompt([0, 1], 6))
+        _, state = graphed.propose(state, rows.request(3))       # the prompt's draft (eager), K = 3 remembered
+        state = graphed.update(state, rows.step([2, 3], 4))       # drafts ahead for K = 3
+        return graphed, rows, state
+
+    eager = _drafter("peagle", target)
+    rows_e = _Rows(target, eager.feature_layers, seed=9)
+    s = eager.start(rows_e.prompt([0, 1], 6))
+    _, s = eager.propose(s, rows_e.request(3))
+    s = eager.update(s, rows_e.step([2, 3], 4))
+    for change in ("k", "roots", "state"):
+        graphed, rows, state = fresh()
+        request = rows.request(2 if change == "k" else 3)
+        if change == "roots":
+            request = request._replace(roots=request.roots.clone())
+        if change == "state":
+            state = state._replace()
+        draft, _ = graphed.propose(state, request)
+        assert graphed.counts["prefetched"] == 0
+        want, _ = eager.propose(s, rows_e.request(2 if change == "k" else 3))
+        assert torch.equal(draft.tokens, want.tokens) and torch.equal(draft.parents, want.parents)
+    graphed, rows, state = fresh()
+    draft, _ = graphed.propose(state, rows.request(3))
+    assert graphed.counts["prefetched"] == 1
+    want, _ = eager.propose(s, rows_e.request(3))
+    assert torch.equal(draft.tokens, want.tokens) and torch.equal(draft.parents, want.parents)

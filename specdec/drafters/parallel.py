@@ -228,6 +228,13 @@ class ParallelDrafter:
         self._stateful = callable(getattr(head, "start", None)) and callable(getattr(head, "update", None))
         self._steps = self._stateful and all(callable(getattr(head, f, None)) for f in ("draft_step", "absorb_step"))
 
+    @property
+    def prefetches_drafts(self) -> bool:
+        """Whether :meth:`draft_step` reads of a request only ``num_drafts`` and ``roots``, so that
+        :class:`~specdec.graphs.GraphedDrafter` may draft the next step inside :meth:`update`'s graph: heads with the
+        step hooks (P-EAGLE, DFlash, DSpark), without a gate that trims (a host sync)."""
+        return self._steps and not (self.gate is not None and bool(getattr(self.gate, "trim", False)))
+
     def __repr__(self) -> str:
         gate = "" if self.gate is None else f", gate={self.gate!r}"
         return f"ParallelDrafter({type(self.head).__name__}, {self.policy!r}{gate})"
