@@ -1282,7 +1282,8 @@ def fast_mode(fast) -> str | None:
 
 def fast_drafter(drafter, mode: str = "graphs"):
     """``drafter`` wrapped by :func:`specdec.graphs.cuda_graphed` when it is graphable and not wrapped yet (with
-    ``mode="compile"``, a drafter wrapped with the default capture is wrapped again, compiled).
+    ``mode="compile"``, a drafter wrapped with the default capture is wrapped again, compiled, keeping its
+    ``prefetch``).
 
     The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next.
 
@@ -1295,24 +1296,26 @@ def fast_drafter(drafter, mode: str = "graphs"):
     """
     from .graphs import GraphableDrafter, GraphedDrafter
 
+    prefetch = False
     if isinstance(drafter, GraphedDrafter):  # e.g. from a recipe: kept, unless it should compile and does not
         if mode != "compile" or drafter.capture is not capture_graph:
             return drafter
-        drafter = drafter.drafter
+        drafter, prefetch = drafter.drafter, drafter.prefetch
     if drafter is None or not isinstance(drafter, GraphableDrafter):
         return drafter
 
     def wrap():
         if mode == "compile":
-            return GraphedDrafter(drafter, capture=compiled_capture())
+            return GraphedDrafter(drafter, capture=compiled_capture(), prefetch=prefetch)
         return GraphedDrafter(drafter)
     try:
         wrappers = _DRAFTERS.setdefault(drafter, {})
     except TypeError:  # not weak-referenceable
         return wrap()
-    if mode not in wrappers:
-        wrappers[mode] = wrap()
-    return wrappers[mode]
+    key = (mode, prefetch)
+    if key not in wrappers:
+        wrappers[key] = wrap()
+    return wrappers[key]
 
 
 _DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

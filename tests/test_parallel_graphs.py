@@ -444,3 +444,16 @@ def test_a_draft_made_ahead_serves_only_the_state_roots_and_k_it_was_made_for(ta
     assert graphed.counts["prefetched"] == 1
     want, _ = eager.propose(s, rows_e.request(3))
     assert torch.equal(draft.tokens, want.tokens) and torch.equal(draft.parents, want.parents)
+
+
+def test_the_compiled_fast_path_keeps_a_wrappers_prefetch(target):
+    """fast="compile" wraps a graphed drafter again (compiled captures): with its prefetch setting, one wrapper per
+    setting."""
+    from specdec.static import fast_drafter
+
+    eager = _drafter("dflash", target)
+    ahead, apart = GraphedDrafter(eager, prefetch=True), GraphedDrafter(eager)
+    compiled_ahead, compiled_apart = fast_drafter(ahead, "compile"), fast_drafter(apart, "compile")
+    assert compiled_ahead.prefetch and not compiled_apart.prefetch and compiled_ahead.drafter is eager
+    assert fast_drafter(GraphedDrafter(eager, prefetch=True), "compile") is compiled_ahead
+    assert fast_drafter(ahead, "graphs") is ahead
