@@ -160,8 +160,7 @@ def decode_kernels(*, gemv_rows: int | None = None, skinny_rows: int | None = No
         raise ValueError(f"decode_kernels: blas must be one of {CAPTURE_BLAS_CHOICES} or None, got {blas!r}")
     before, before_blas = dict(_DECODE_DEFAULTS), capture_blas()
     for key, value in (("gemv_rows", gemv_rows), ("skinny_rows", skinny_rows), ("decode_attention", attention),
-                       ("fused_ops", fused_ops),
-                       ("tree_attention", tree_attention)):
+                       ("fused_ops", fused_ops), ("tree_attention", tree_attention)):
         if value is not None:
             _DECODE_DEFAULTS[key] = value
     _apply_decode_defaults(before_blas if blas is None else blas)

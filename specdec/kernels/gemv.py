@@ -102,12 +102,16 @@ def check_linear(op: str, x, weight, bias) -> tuple[int, int, int]:
     return rows, weight.shape[0], weight.shape[1]
 
 
+def linear_operands(op: str, x, weight, bias):
+    """:func:`check_linear`, then what a launcher passes: ``(x2 [rows, K] unit-stride, weight unit-stride along K,
+    y [rows, N] uninitialised, rows, N, K)``."""
+    rows, n, k = check_linear(op, x, weight, bias)
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    return as_rows(x), weight, torch.empty(rows, n, dtype=x.dtype, device=x.device), rows, n, k
+
+
 def _linear_rows_triton(x, weight, bias, config=None) -> torch.Tensor:
-    rows, n, k = check_linear("linear_rows", x, weight, bias)
-    x2 = as_rows(x)
-    if weight.stride(-1) != 1:
-        weight = weight.contiguous()
-    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    x2, weight, y, rows, n, k = linear_operands("linear_rows", x, weight, bias)
     if rows and n:
         block_n, block_k, num_warps = config or gemv_config(rows, n, k)
         _gemv_kernel[(_cdiv(n, block_n),)](

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, tl
-from .gemv import check_linear
+from ._triton import jit, next_pow2, tl
+from .gemv import check_linear, linear_operands
 
 __all__ = ["SKINNY_MAX_ROWS", "SKINNY_MIN_ROWS", "SKINNY_DTYPES", "SKINNY_DEFAULT_ROWS", "SkinnyConfig",
            "linear_skinny", "linear_skinny_ref", "skinny_config"]
@@ -121,11 +121,7 @@ def _skinny_reduce_kernel(p_ptr, b_ptr, y_ptr, MN, N, stride_ps, HAS_BIAS: tl.co
 
 
 def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
-    rows, n, k = check_linear("linear_skinny", x, weight, bias)
-    x2 = as_rows(x)
-    if weight.stride(-1) != 1:
-        weight = weight.contiguous()
-    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    x2, weight, y, rows, n, k = linear_operands("linear_skinny", x, weight, bias)
     if rows and n:
         block_n, block_k, split, num_warps, num_stages = config or skinny_config(rows, n, k)
         block_m = max(16, next_pow2(rows))
