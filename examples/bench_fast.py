@@ -18,7 +18,9 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
   parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` / ``--medusa`` when given (Medusa: the
   ``mc_sim_7b_63`` tree of ``recipes.medusa``; P-EAGLE / DFlash / DSpark: the chain of their levels, and with
-  ``--parallel-tree NAME`` also a row verifying that level-wise tree of their levels' top-k).
+  ``--parallel-tree NAME`` also a row verifying that level-wise tree of their levels' top-k); with ``--fp8-heads``
+  also ``specdec fast EAGLE-2 float8`` / ``EAGLE-3 float8``: a copy of the head with its linears rounded to float8
+  (:func:`specdec.nn.quantize_fp8_`; lossless, tau may change).
 
 Per method: tokens/s, speedup against HF vanilla, ratio against gpt-fast vanilla, tau (tokens per target forward),
 and the share of prompts whose output equals gpt-fast vanilla's and HF vanilla's. Then batch 4 and 16 (left-padded
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -58,6 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specdec as sd  # noqa: E402
 from specdec.bench import left_pad  # noqa: E402
 from specdec.drafters import DraftModelDrafter, PromptLookupDrafter  # noqa: E402
+from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.static import capacity_for  # noqa: E402
 
 
@@ -271,6 +275,10 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
     for key, head in heads.items():
         label, recipe = recipes[key]
         makers[f"specdec fast {label}"] = (lambda recipe=recipe, head=head: recipe(head), True)
+        if key in ("eagle2", "eagle3") and getattr(args, "fp8_heads", False):
+            makers[f"specdec fast {label} float8"] = (
+                lambda recipe=recipe, head=head: recipe(quantize_fp8_(copy.deepcopy(head).requires_grad_(False))),
+                True)
         if key in ("peagle", "dflash", "dspark") and getattr(args, "parallel_tree", None):
             # the same head verifying a level-wise tree of its levels' top-k (Medusa's trees), not its chain
             tree = args.parallel_tree
@@ -606,6 +614,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--parallel-tree", default=None,
                     help="also rows of P-EAGLE / DFlash / DSpark verifying this level-wise tree (a specdec.trees "
                          "preset, e.g. mc_sim_7b_63) instead of their chain")
+    ap.add_argument("--fp8-heads", action="store_true",
+                    help="also a row per EAGLE head rounded to float8 (specdec.nn.quantize_fp8_)")
     ap.add_argument("--out", default="runs/bench_fast")
     add_kernel_args(ap)
     args = ap.parse_args(argv)

@@ -26,7 +26,9 @@ figure is the step's wall time):
   rows run ``step(..., sync=False)`` as ``generate()`` does (since session 9: the speculative step is then one
   captured forward + verification + late commit; before, these rows timed the synchronous step).
 - ``fast_spec_fr``: ``fast_spec`` with the head's ``lm_head`` cut to ``--draft-vocab`` target ids
-  (:meth:`~specdec.heads.Eagle1Head.restrict_vocab`, FR-Spec; lossless, the drafts may differ).
+  (:meth:`~specdec.heads.Eagle1Head.restrict_vocab`, FR-Spec; lossless, the drafts may differ);
+  ``fast_spec_fr8``: the same head with its linears and ``lm_head`` rounded to float8
+  (:func:`specdec.nn.quantize_fp8_`: half the bytes per head forward; lossless, the drafts may differ).
 
 ``--blas`` picks the BLAS library the captured steps take their GEMMs from (:func:`specdec.graphs.use_capture_blas`;
 default the library's, cuBLASLt); ``--skinny-rows`` the most rows a projection runs on the tensor-core skinny kernel
@@ -70,6 +72,7 @@ from specdec.graphs import (  # noqa: E402
     capture_graph_ref,
 )
 from specdec.heads import Eagle1Head  # noqa: E402
+from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
 from specdec.trees.dynamic import DynamicTree  # noqa: E402
@@ -231,13 +234,14 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
 COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn", "fast_plain_ops",
            "fast_plain_kernels",
            "fast_plain_compiled", "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_kernels",
-           "fast_spec_compiled", "fast_spec_fr"]
+           "fast_spec_compiled", "fast_spec_fr", "fast_spec_fr8"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
     """The results as a Markdown table (ms per step; ratios last)."""
     head = ["batch"] + [f"{c} ms" for c in COLUMNS] + ["fast_plain / floor", "fast_spec / fast_plain",
-                                                         "fast_spec_fr / fast_plain", "eager_plain / fast_plain"]
+                                                         "fast_spec_fr / fast_plain", "fast_spec_fr8 / fast_plain",
+                                                         "eager_plain / fast_plain"]
     lines = [f"{meta['shape_name']} shape, random weights, {meta['dtype']}, context {meta['context']}, "
              f"EAGLE-2 tree {TREE}; copy bandwidth {meta['bandwidth_TBps']:.2f} TB/s; "
              f"{meta.get('queued', 1)} step(s) queued per timed run; fast_spec_fr: draft vocabulary "
@@ -250,13 +254,14 @@ def to_markdown(rows: dict, meta: dict) -> str:
     for batch, r in rows.items():
         cells = [str(batch)] + [f"{r[c]:.2f}" if r.get(c) else "-" for c in COLUMNS]
         cells += [ratio(r.get("fast_plain"), r.get("floor")), ratio(r.get("fast_spec"), r.get("fast_plain")),
-                  ratio(r.get("fast_spec_fr"), r.get("fast_plain")), ratio(r.get("eager_plain"), r.get("fast_plain"))]
+                  ratio(r.get("fast_spec_fr"), r.get("fast_plain")), ratio(r.get("fast_spec_fr8"), r.get("fast_plain")),
+                  ratio(r.get("eager_plain"), r.get("fast_plain"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torch.dtype, bandwidth: float,
-                fr_drafter=None) -> dict:
+                fr_drafter=None, fr8_drafter=None) -> dict:
     """Every measurement at one batch size (ms per step; ``errors`` holds what failed)."""
     r = {}
     shape = TINY if args.tiny else LLAMA2_7B
@@ -299,6 +304,9 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     if fr_drafter is not None:  # FR-Spec: the head's lm_head over a subset of the vocabulary (lossless)
         measure(r, "fast_spec_fr", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
                                                         fr_drafter, TREE["depth"], sync=False), **kw)
+    if fr8_drafter is not None:  # the FR-Spec head rounded to float8 (lossless)
+        measure(r, "fast_spec_fr8", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                         fr8_drafter, TREE["depth"], sync=False), **kw)
     if args.compile and (args.compile_batches is None or batch in args.compile_batches):
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
@@ -354,18 +362,23 @@ def main(argv=None):
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
     drafter = recipes.eagle2(head, **TREE)
-    fr_drafter = None
+    fr_drafter = fr8_drafter = None
+    V = shape["vocab_size"]
+    # the same head's weights, its lm_head cut to draft_vocab random ids (which ids does not change the time)
+    kept = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:min(args.draft_vocab, V)].sort().values
     if args.draft_vocab and (not args.only or "fast_spec_fr" in args.only):
-        # the same head's weights, its lm_head cut to draft_vocab random ids (which ids does not change the time)
-        V = shape["vocab_size"]
-        kept = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:min(args.draft_vocab, V)].sort().values
         fr_head = Eagle1Head.from_target(model, draft_vocab=kept)
         fr_head.load_state_dict(head.state_dict())
         fr_drafter = recipes.eagle2(fr_head, **TREE)
+    if args.draft_vocab and (not args.only or "fast_spec_fr8" in args.only):
+        fr8_head = Eagle1Head.from_target(model, draft_vocab=kept)
+        fr8_head.load_state_dict(head.state_dict())
+        fr8_drafter = recipes.eagle2(quantize_fp8_(fr8_head.eval().requires_grad_(False)), **TREE)
     rows = {}
     with decode_kernels(blas=args.blas, skinny_rows=args.skinny_rows):
         for batch in args.batches:
-            rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter)
+            rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter,
+                                      fr8_drafter)
             print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
     table = to_markdown(rows, meta)
     print(table)

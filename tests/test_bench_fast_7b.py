@@ -30,7 +30,8 @@ def test_the_tiny_shape_measures_every_row_and_the_fast_speculative_step_is_the_
     row = rows[2]
     assert not row.get("errors"), row.get("errors")
     for name in ("hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn",
-                 "fast_plain_kernels", "eager_spec", "fast_spec", "fast_spec_kernels", "fast_spec_fr", "floor"):
+                 "fast_plain_kernels", "eager_spec", "fast_spec", "fast_spec_kernels", "fast_spec_fr", "fast_spec_fr8",
+                 "floor"):
         assert math.isfinite(row[name]) and row[name] > 0, (name, row)
     assert len(calls) >= 3  # the fast speculative step's warm-up and timed runs: forward + verify + commit captured
 

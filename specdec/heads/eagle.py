@@ -437,6 +437,7 @@ class Eagle1Head(_EagleHead):
         self.register_buffer("full_lm_head_weight", None, persistent=False)
         self.register_buffer("full_lm_head_bias", None, persistent=False)
         self.register_buffer("draft_ids", None, persistent=False)  # [V'] target ids of a restricted vocabulary
+        self.lm_head_fp8 = None  # a float8 copy of lm_head_weight (specdec.nn.quantize_fp8_), used when set
         self._init_weights()
 
     @classmethod
@@ -497,6 +498,8 @@ class Eagle1Head(_EagleHead):
             Shape ``[..., V]``; ``[..., V']`` after :meth:`restrict_vocab` (column ``i`` = target id
             ``draft_ids[i]``).
         """
+        if self.lm_head_fp8 is not None:
+            return apply_linear(self.lm_head_fp8, hidden)
         w = self.lm_head_weight.to(hidden.dtype)
         b = None if self.lm_head_bias is None else self.lm_head_bias.to(hidden.dtype)
         return inference_linear(hidden, w, b)
@@ -532,6 +535,9 @@ class Eagle1Head(_EagleHead):
         References:
             FR-Spec, Zhao et al., arXiv 2502.14856 (frequency-ranked draft vocabulary for EAGLE-2).
         """
+        if self.lm_head_fp8 is not None:
+            raise ValueError("restrict_vocab: the head's lm_head is already rounded to float8 (quantize_fp8_); "
+                             "restrict the vocabulary first, then quantize")
         if self.draft_ids is None:
             full_w, full_b = self.lm_head_weight, self.lm_head_bias
         else:
@@ -667,7 +673,7 @@ class Eagle3Head(_EagleHead):
             Shape ``[B, T, H]``.
         """
         self._check_features(features)
-        return apply_linear(self.fc, torch.cat([f.to(self.fc.weight.dtype) for f in features], dim=-1))
+        return apply_linear(self.fc, torch.cat([f.to(self.dtype) for f in features], dim=-1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``lm_head(norm(hidden))`` over the draft vocabulary.

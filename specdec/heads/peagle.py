@@ -248,7 +248,7 @@ class PEagleHead(Eagle3Head):
         Returns:
             Shape ``[H]``.
         """
-        return self.fc(self.mask_hidden.to(self.fc.weight.dtype))
+        return self.fc(self.mask_hidden.to(self.dtype))
 
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits spread over the target vocabulary (``-inf`` outside the draft vocabulary).

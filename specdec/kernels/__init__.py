@@ -20,6 +20,8 @@ op                                          replaces                            
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
 :func:`linear_rows`                         ``F.linear`` of a decode step (<= 16 rows) 1
 :func:`linear_skinny`                       ``F.linear`` of 2-64 rows on tensor cores   1 (2 with ``K`` split)
+:func:`linear_fp8`                          a draft head's linear on float8 weights   2 (3 with ``K`` split)
+:func:`quantize_fp8_rows`                   rows rounded to float8, one scale each    1
 :func:`decode_attention`                    SDPA of one query per row (decode step)   2
 :func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
@@ -69,6 +71,16 @@ from .emit import (
                         accepted_feedback_ref,
                         emitted_tokens,
                         emitted_tokens_ref,
+)
+from .fp8 import (
+                        FP8_DTYPE,
+                        FP8_MAX,
+                        dequantize_fp8,
+                        fp8_linear_config,
+                        linear_fp8,
+                        linear_fp8_ref,
+                        quantize_fp8_rows,
+                        quantize_fp8_rows_ref,
 )
 from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
@@ -122,6 +134,8 @@ __all__ = [
     "embed_concat", "embed_concat_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref",
+    "FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8", "linear_fp8",
+    "linear_fp8_ref", "fp8_linear_config",
     "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan", "tree_attention_ref",
     "tree_attention_split",
     "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk", "log_softmax_topk_ref",

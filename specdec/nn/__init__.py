@@ -9,6 +9,8 @@
 - :mod:`specdec.nn.rope`: :class:`RotaryEmbedding` (owns its ``inv_freq`` buffer), :func:`apply_rotary`.
 - :mod:`specdec.nn.inference`: the blocks' fused inference path on CUDA (fused projections, the one-launch kernels
   of :mod:`specdec.kernels.decoder_ops`), :func:`use_fused_layers` to turn it off.
+- :mod:`specdec.nn.fp8`: :func:`quantize_fp8_` rounds a draft head's linears to float8 (:class:`Fp8Linear`;
+  inference only, lossless decoding, drafts may change).
 - :mod:`specdec.nn.linear`: :func:`zero_linear`, the ``nn.Linear`` every block uses: built without drawing from
   the global RNG (its owner initialises it from its own generator).
 """
@@ -24,6 +26,7 @@ from .attention import (
     uncached_attention,
     use_tree_attention,
 )
+from .fp8 import Fp8Linear, Fp8Weight, quantize_fp8_
 from .inference import use_fused_layers
 from .layers import DecoderConfig, DecoderLayer, FusedInputDecoderLayer, RMSNorm, SwiGLU
 from .linear import zero_linear
@@ -35,4 +38,5 @@ __all__ = [
     "DecoderLayer",
     "FusedInputDecoderLayer",
     "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear", "use_fused_layers",
+    "Fp8Linear", "Fp8Weight", "quantize_fp8_",
 ]

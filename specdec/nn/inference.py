@@ -13,7 +13,9 @@ GPU their launches and their passes over tiny tensors cost more than reading the
 - :class:`~specdec.nn.RMSNorm` and a layer's residual add + post-attention norm:
   :func:`specdec.kernels.add_rms_norm`;
 - the projections of a forward of 2 to :func:`use_skinny_linear`'s rows (a draft tree's level, an update over the
-  accepted tokens; bfloat16 / float16): :func:`specdec.kernels.linear_skinny` (:func:`inference_linear`).
+  accepted tokens; bfloat16 / float16): :func:`specdec.kernels.linear_skinny` (:func:`inference_linear`);
+- float8 layers (:func:`specdec.nn.fp8.quantize_fp8_`): fused like the others (their codes and scales
+  concatenated), every row count on :func:`specdec.kernels.linear_fp8`.
 
 When: no gradient is being recorded, outside ``torch.compile`` (inductor fuses the plain ops itself), on CUDA
 tensors (or any tensors with :func:`specdec.kernels.kernel_mode` ``"triton"``, the interpreter's tests), and while
@@ -40,7 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels._dispatch import get_kernel_mode
+from ..kernels.fp8 import FP8_DTYPE, linear_fp8
 from ..kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, linear_skinny
+from .fp8 import Fp8Linear, Fp8Weight
 
 __all__ = ["use_fused_layers", "fused_inference", "fused_linear", "cat_linears", "linear_versions",
            "use_skinny_linear", "inference_linear", "apply_linear"]
@@ -64,18 +68,22 @@ def use_skinny_linear(max_rows: int) -> int:
     return previous
 
 
-def inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def inference_linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; on the fused inference path, for 2 to :func:`use_skinny_linear`'s rows,
-    :func:`specdec.kernels.linear_skinny` (one streaming pass over ``weight`` on tensor cores).
+    :func:`specdec.kernels.linear_skinny` (one streaming pass over ``weight`` on tensor cores). A float8 weight
+    (:class:`~specdec.nn.fp8.Fp8Weight`) runs :func:`specdec.kernels.linear_fp8` whatever the rows.
 
     Args:
         x: Shape ``[..., K]``.
-        weight: Shape ``[N, K]``.
+        weight: Shape ``[N, K]``, or an :class:`~specdec.nn.fp8.Fp8Weight` of that shape.
         bias: Shape ``[N]`` or ``None``.
 
     Returns:
         Shape ``[..., N]``.
     """
+    if isinstance(weight, Fp8Weight):
+        return linear_fp8(x, weight.w8, weight.scale, None if bias is None else bias.to(x.dtype))
     rows = x.numel() // max(x.shape[-1], 1)
     if SKINNY_MIN_ROWS <= rows <= _SKINNY_ROWS[0] and fused_inference(x):
         return linear_skinny(x, weight, bias)
@@ -84,10 +92,10 @@ def inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def apply_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` through :func:`inference_linear` on the fused inference path (hooks and subclasses of
-    ``nn.Linear`` run their own forward).
+    ``nn.Linear`` run their own forward; so does an :class:`~specdec.nn.fp8.Fp8Linear`).
 
     Args:
-        layer: an ``nn.Linear``.
+        layer: an ``nn.Linear`` or an :class:`~specdec.nn.fp8.Fp8Linear`.
         x: Shape ``[..., in_features]``.
 
     Returns:
@@ -123,37 +131,56 @@ def fused_inference(x: torch.Tensor) -> bool:
     return mode == "triton" or (mode == "auto" and x.is_cuda)
 
 
+def _tensors(lin: nn.Module) -> tuple[torch.Tensor | None, ...]:
+    if isinstance(lin, Fp8Linear):
+        return lin.weight_codes, lin.scale_bits, lin.bias
+    return lin.weight, lin.bias
+
+
 def _key(linears: tuple[nn.Linear, ...]) -> tuple:
-    return tuple((t.data_ptr(), t.shape, t.dtype, t.device) for lin in linears
-                 for t in (lin.weight, lin.bias) if t is not None)
+    return tuple((t.data_ptr(), t.shape, t.dtype, t.device) for lin in linears for t in _tensors(lin)
+                 if t is not None)
 
 
 def linear_versions(linears: tuple[nn.Linear, ...]) -> tuple[int, ...]:
     """The version counters of the linears' weights and biases (they move at every in-place update)."""
-    return tuple(t._version for lin in linears for t in (lin.weight, lin.bias) if t is not None)
+    return tuple(t._version for lin in linears for t in _tensors(lin) if t is not None)
 
 
 def cat_linears(linears: tuple[nn.Linear, ...], out: tuple[torch.Tensor, torch.Tensor | None] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                ) -> tuple[torch.Tensor | Fp8Weight, torch.Tensor | None]:
     """``[W_1; W_2; ...]`` and the biases (zeros where one is absent; ``None`` when none has one), as new tensors or
-    copied into ``out`` (an earlier result: in place, so graphs captured on it stay valid).
+    copied into ``out`` (an earlier result: in place, so graphs captured on it stay valid). Float8 layers (all of
+    them :class:`~specdec.nn.fp8.Fp8Linear`) give an :class:`~specdec.nn.fp8.Fp8Weight` of the codes and scales.
 
     Args:
-        linears: ``nn.Linear`` s with the same input width.
+        linears: ``nn.Linear`` s (or ``Fp8Linear`` s) with the same input width.
         out: ``(weight [sum out_i, in], bias [sum out_i] or None)`` to copy into.
 
     Returns:
         ``(weight, bias)``.
     """
     weight, bias = out if out is not None else (None, None)
-    weight = torch.cat([lin.weight for lin in linears], 0, out=weight)
+    kinds = {isinstance(lin, Fp8Linear) for lin in linears}
+    if len(kinds) > 1:
+        raise ValueError("cat_linears: the layers mix float8 and unrounded weights; quantize all of them or none "
+                         "(quantize_fp8_'s skip names whole blocks' linears together)")
+    if kinds == {True}:
+        w8 = None if weight is None else weight.w8.view(torch.uint8)
+        scale = None if weight is None else weight.scale.view(torch.int32)
+        w8 = torch.cat([lin.weight_codes for lin in linears], 0, out=w8)
+        scale = torch.cat([lin.scale_bits for lin in linears], 0, out=scale)
+        weight = Fp8Weight(w8.view(FP8_DTYPE), scale.view(torch.float32))
+    else:
+        weight = torch.cat([lin.weight for lin in linears], 0, out=weight)
     if any(lin.bias is not None for lin in linears):
-        biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
+        ref = next(lin.bias for lin in linears if lin.bias is not None)
+        biases = [lin.bias if lin.bias is not None else ref.new_zeros(lin.out_features) for lin in linears]
         bias = torch.cat(biases, 0, out=bias)
     return weight, bias
 
 
-def fused_linear(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fused_linear(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor | Fp8Weight, torch.Tensor | None]:
     """``[W_1; W_2; ...]`` (and the biases, zeros where one is absent) of ``owner``'s linear layers ``names``, as
     one cached tensor (see the module for when it is copied again).
 

@@ -1,5 +1,6 @@
 """Session 14: session 13's 7B step profile (phases, kernels); env ROWS = batch, SKINNY = linear_skinny's rows,
-FR = the head's draft vocabulary (FR-Spec, session 22; default the full one)."""
+FR = the head's draft vocabulary (FR-Spec, session 22; default the full one); FP8=1: the head's linears and lm_head
+rounded to float8 (specdec.nn.quantize_fp8_, session 23)."""
 import os
 import sys
 
@@ -35,6 +36,9 @@ head = Eagle1Head.from_target(model)
 if os.environ.get("FR"):  # the lm_head cut to FR random target ids, as bench_fast_7b's fast_spec_fr row
     head.restrict_vocab(torch.randperm(32000, generator=torch.Generator().manual_seed(2))[:int(os.environ["FR"])]
                         .sort().values)
+if os.environ.get("FP8"):  # session 23: the head on float8 weights
+    from specdec.nn import quantize_fp8_
+    quantize_fp8_(head.eval().requires_grad_(False))
 ROWS = int(os.environ.get("ROWS", "1"))
 ids = torch.randint(0, 32000, (ROWS, 512), device=dev, generator=torch.Generator(device=dev).manual_seed(1))
 cap_kw = {}
