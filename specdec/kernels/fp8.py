@@ -28,7 +28,7 @@ import torch
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, tl
-from .skinny import _skinny_reduce_kernel  # the same fixed-order sum of split-K partials
+from .skinny import _skinny_reduce_kernel, skinny_accumulate, skinny_store  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
            "linear_fp8", "linear_fp8_ref", "fp8_linear_config"]
@@ -208,37 +208,18 @@ def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, K_PE
                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_{k in split pid_k} w8[n, k] q[m, k]`` over rows
-    ``pid_m * BLOCK_M ...``, times ``ws[n] * xs[m]``; written as ``y[m, n]`` (plus the bias, cast) when
-    ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is ``[M, K]`` contiguous."""
+    ``pid_m * BLOCK_M ...`` (the skinny kernel's loop on float8 operands), times ``ws[n] * xs[m]``; written as
+    ``y[m, n]`` (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is
+    ``[M, K]`` contiguous."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    kk = tl.arange(0, BLOCK_K)
     n_in, m_in = n < N, m < M
-    k0 = pid_k * K_PER
-    w_ptrs = w_ptr + n[:, None].to(tl.int64) * stride_wn + (k0 + kk)[None, :]
-    x_ptrs = x_ptr + m[None, :].to(tl.int64) * K + (k0 + kk)[:, None]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for start in range(0, K_PER, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs, mask=n_in[:, None], other=0.0)
-            x = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
-        else:
-            k_in = (k0 + start + kk) < K
-            w = tl.load(w_ptrs, mask=n_in[:, None] & k_in[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=k_in[:, None] & m_in[None, :], other=0.0)
-        acc = tl.dot(w, x, acc)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
+    acc = skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, pid_k * K_PER, K, K_PER, stride_wn, K, EVEN_K, BLOCK_M,
+                            BLOCK_N, BLOCK_K)
     acc = acc * tl.load(ws_ptr + n, mask=n_in, other=0.0)[:, None] * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
-    out_mask = n_in[:, None] & m_in[None, :]
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(y_ptr + pid_k * stride_ys + m[None, :] * N + n[:, None], acc, mask=out_mask)
+    skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, N, stride_ys, HAS_BIAS, SPLIT)
 
 
 def _linear_fp8_triton(x, w8, w_scale, bias, config=None) -> torch.Tensor:

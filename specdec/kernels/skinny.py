@@ -71,20 +71,14 @@ def skinny_config(rows: int, n: int, k: int) -> SkinnyConfig:
 
 
 @jit
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, stride_ys,
-                   HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program ``(pid_n, pid_k)``: ``acc[n, m] = sum_{k in split pid_k} w[n, k] * x[m, k]``; written as ``y[m, n]``
-    (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.arange(0, BLOCK_M)
+def skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, k0, K, K_PER_SPLIT, stride_wn, stride_xm,
+                      EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc[n, m] = sum_{k0 <= k < k0 + K_PER_SPLIT, k < K} w[n, k] * x[m, k]`` in float32 on tensor cores (``w``
+    rows of ``stride_wn``, ``x`` rows of ``stride_xm``, both unit-stride along ``k``; ``BLOCK_K`` per load): the
+    streaming loop of :func:`linear_skinny` and of :func:`specdec.kernels.linear_fp8` (float8 operands)."""
     kk = tl.arange(0, BLOCK_K)
-    n_in, m_in = n < N, m < M
-    k0 = pid_k * K_PER_SPLIT
     w_ptrs = w_ptr + n[:, None].to(tl.int64) * stride_wn + (k0 + kk)[None, :]
-    x_ptrs = x_ptr + m[None, :] * stride_xm + (k0 + kk)[:, None]
+    x_ptrs = x_ptr + m[None, :].to(tl.int64) * stride_xm + (k0 + kk)[:, None]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for start in range(0, K_PER_SPLIT, BLOCK_K):
         if EVEN_K:
@@ -97,6 +91,14 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, 
         acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    return acc
+
+
+@jit
+def skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, stride_ym, stride_ys, HAS_BIAS: tl.constexpr,
+                 SPLIT: tl.constexpr):
+    """``acc [n, m]`` written as ``y[m, n]`` (plus the bias, cast to ``y``'s dtype) when ``SPLIT == 1``, else as the
+    float32 partial ``y[pid_k, m, n]`` (summed by :func:`_skinny_reduce_kernel`)."""
     out_mask = n_in[:, None] & m_in[None, :]
     if SPLIT == 1:
         if HAS_BIAS:
@@ -104,6 +106,22 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, 
         tl.store(y_ptr + m[None, :] * stride_ym + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
         tl.store(y_ptr + pid_k * stride_ys + m[None, :] * stride_ym + n[:, None], acc, mask=out_mask)
+
+
+@jit
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, stride_ys,
+                   HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program ``(pid_n, pid_k)``: ``acc[n, m] = sum_{k in split pid_k} w[n, k] * x[m, k]``; written as ``y[m, n]``
+    (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_in, m_in = n < N, m < M
+    acc = skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, pid_k * K_PER_SPLIT, K, K_PER_SPLIT, stride_wn, stride_xm,
+                            EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, stride_ym, stride_ys, HAS_BIAS, SPLIT)
 
 
 @jit
