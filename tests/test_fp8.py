@@ -7,19 +7,20 @@ import torch
 import torch.nn.functional as F
 from tiny_models import VOCAB, tiny_model
 
+from specdec import recipes
 from specdec.drafters import EagleDrafter
 from specdec.generate import generate
-from specdec.heads import Eagle1Head, Eagle3Head
+from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head
 from specdec.kernels import interpreter_enabled, kernel_mode, triton_available
 from specdec.kernels.fp8 import (
-                                 FP8_DTYPE,
-                                 _linear_fp8_triton,
-                                 dequantize_fp8,
-                                 fp8_linear_config,
-                                 linear_fp8,
-                                 linear_fp8_ref,
-                                 quantize_fp8_rows,
-                                 quantize_fp8_rows_ref,
+    FP8_DTYPE,
+    _linear_fp8_triton,
+    dequantize_fp8,
+    fp8_linear_config,
+    linear_fp8,
+    linear_fp8_ref,
+    quantize_fp8_rows,
+    quantize_fp8_rows_ref,
 )
 from specdec.nn import Fp8Linear, Fp8Weight, quantize_fp8_
 from specdec.nn.inference import cat_linears, fused_linear
@@ -211,6 +212,22 @@ def test_greedy_decoding_with_a_float8_head_is_lossless(target, fast):
     head = quantize_fp8_(_head(target))
     spec = generate(target, ids, drafter=EagleDrafter(head, DynamicTree(12, 3, 3)), max_new_tokens=16, fast=fast)
     assert torch.equal(spec.sequences, plain.sequences)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cls,recipe", [(DFlashHead, recipes.dflash), (DSparkHead, recipes.dspark)])
+def test_block_drafters_round_their_layers_and_the_shared_lm_head_and_stay_lossless(target, cls, recipe):
+    head = cls.from_target(target, block_size=4, num_layers=1, seed=3).float().eval().requires_grad_(False)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    plain = generate(target, ids, max_new_tokens=8)
+    quantize_fp8_(head)
+    assert isinstance(head.lm_head_fp8, Fp8Linear) and not any(type(m) is torch.nn.Linear for m in head.modules())
+    h = torch.randn(3, head.config.hidden_size)
+    torch.testing.assert_close(head.logits(h), linear_fp8_ref(h, *quantize_fp8_rows_ref(head.lm_head_weight)))
+    for mode in ("torch", "triton"):
+        with kernel_mode(mode):
+            out = generate(target, ids, drafter=recipe(head), max_new_tokens=8)
+        assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0
 
 
 @needs_cuda

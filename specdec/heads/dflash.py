@@ -384,6 +384,7 @@ class DFlashHead(nn.Module):
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
         self.register_buffer("lm_head_bias", None if lm_head_bias is None else lm_head_bias.detach(),
                              persistent=False)
+        self.lm_head_fp8 = None  # a float8 copy of lm_head_weight (specdec.nn.quantize_fp8_), used when set
         self.fc = zero_linear(len(config.feature_layers) * config.feature_size, H, bias=False)
         self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
         self.layers = nn.ModuleList([_DFlashLayer(config.decoder, config.qk_norm) for _ in range(config.num_layers)])
@@ -576,6 +577,8 @@ class DFlashHead(nn.Module):
         Returns:
             Shape ``[..., V]``.
         """
+        if self.lm_head_fp8 is not None:
+            return self.lm_head_fp8(hidden)
         bias = None if self.lm_head_bias is None else self.lm_head_bias.to(hidden.dtype)
         return F.linear(hidden, self.lm_head_weight.to(hidden.dtype), bias)
 

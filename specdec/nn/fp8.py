@@ -2,9 +2,9 @@
 
 :func:`quantize_fp8_` replaces a module's ``nn.Linear`` s by :class:`Fp8Linear` (weights rounded to float8 e4m3
 with one scale per output feature, rows rounded to float8 at every call, the product on float8 tensor cores:
-:func:`specdec.kernels.linear_fp8`), and gives a head that reads the target's ``lm_head`` (EAGLE-1) a float8 copy
-of it. A forward then reads half the weight bytes: at the Llama-2-7B shape an EAGLE-1 head forward is 269 MB
-instead of 538 (FR-Spec 8,192), six forwards per EAGLE-2 step.
+:func:`specdec.kernels.linear_fp8`), and gives a head that reads the target's ``lm_head`` (EAGLE-1, DFlash /
+DSpark) a float8 copy of it. A forward then reads half the weight bytes: at the Llama-2-7B shape an EAGLE-1 head
+forward is 269 MB instead of 538 (FR-Spec 8,192), six forwards per EAGLE-2 step.
 
 **Lossless, drafts changed.** Only the drafter is rounded; the target verifies every draft with its own weights, so
 greedy outputs stay identical and sampled ones keep exactly the target's law. The drafts, and so tau, can differ
@@ -97,9 +97,10 @@ class Fp8Linear(nn.Module):
 def quantize_fp8_(module: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module:
     """Round ``module``'s linear layers to float8, in place (see the module): every ``nn.Linear`` (exactly that
     class) whose qualified name is not in ``skip`` becomes an :class:`Fp8Linear`, and a head that drafts through the
-    target's ``lm_head`` (an :class:`~specdec.heads.Eagle1Head`: ``lm_head_weight`` and an ``lm_head_fp8`` slot)
-    gets a float8 copy of it. Call it on a trained head, after :meth:`~specdec.heads.Eagle1Head.restrict_vocab` and
-    after moving it to its device, before building its drafter.
+    target's ``lm_head`` (an :class:`~specdec.heads.Eagle1Head`, a :class:`~specdec.heads.DFlashHead` or
+    ``DSparkHead``: ``lm_head_weight`` and an ``lm_head_fp8`` slot) gets a float8 copy of it. Call it on a trained
+    head, after :meth:`~specdec.heads.Eagle1Head.restrict_vocab` and after moving it to its device, before building
+    its drafter.
 
     Args:
         module: e.g. a draft head.
