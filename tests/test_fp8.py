@@ -10,7 +10,7 @@ from tiny_models import VOCAB, tiny_model
 from specdec import recipes
 from specdec.drafters import EagleDrafter
 from specdec.generate import generate
-from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head
+from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head, PEagleHead
 from specdec.kernels import interpreter_enabled, kernel_mode, triton_available
 from specdec.kernels.fp8 import (
     FP8_DTYPE,
@@ -228,6 +228,19 @@ def test_block_drafters_round_their_layers_and_the_shared_lm_head_and_stay_lossl
         with kernel_mode(mode):
             out = generate(target, ids, drafter=recipe(head), max_new_tokens=8)
         assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0
+
+
+def test_a_peagle_head_rounds_every_linear_and_stays_lossless(target):
+    head = PEagleHead.from_target(target, num_layers=1, max_drafts=4, feature_layers=(0, 1, 2)).float()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.05)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    plain = generate(target, ids, max_new_tokens=8)
+    quantize_fp8_(head.eval().requires_grad_(False))
+    assert not any(type(m) is torch.nn.Linear for m in head.modules())
+    out = generate(target, ids, drafter=recipes.peagle(head), max_new_tokens=8)
+    assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0
 
 
 @needs_cuda
