@@ -123,8 +123,8 @@ def recorded() -> list[KernelSpec]:
 
 
 def select(specs: list[KernelSpec], per_kernel: int = PER_KERNEL) -> list[KernelSpec]:
-    """The smallest variant of each branch combination, at most ``per_kernel`` per kernel (the most frequent
-    branches first is not needed: every branch recorded is code some test ran)."""
+    """The smallest variant (:meth:`KernelSpec.size`) of each branch combination (:meth:`KernelSpec.branch`), at
+    most ``per_kernel`` per kernel, the smallest first."""
     best: dict = {}
     for spec in specs:
         b = spec.branch()
