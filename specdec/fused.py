@@ -53,7 +53,7 @@ from .kernels.decode_attention import decode_attention
 from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny
-from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention
+from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention, tree_attention_shares_prefix
 from .nn.attention import masked_sdpa_kernel, use_tree_attention
 from .nn.inference import cat_linears, linear_versions, use_fused_layers, use_skinny_linear
 
@@ -302,7 +302,8 @@ class FusedDecoder:
         return rope_store_ref(qkv, cos, sin, kv.keys, kv.values, slots, nh)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-                kv_len: int | None, kv_end: torch.Tensor | None = None) -> torch.Tensor:
+                kv_len: int | None, kv_end: torch.Tensor | None = None,
+                prefix_end: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of ``q [B, nh, M, d]`` over the cache's ``[B, nk, S, d]`` (the first ``kv_len`` slots, causally,
         when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row,
         :func:`specdec.kernels.tree_attention` for a few (reading no key at or past ``kv_end``, a device tensor),
@@ -313,7 +314,7 @@ class FusedDecoder:
         if M == 1 and mask is not None and self.decode_attention:
             return decode_attention(q, keys, values, mask, self.scaling)
         if 1 < M <= TREE_ATTENTION_MAX_M and mask is not None and self.tree_attention:
-            return tree_attention(q, keys, values, mask, self.scaling, kv_end=kv_end)
+            return tree_attention(q, keys, values, mask, self.scaling, kv_end=kv_end, prefix_end=prefix_end)
         nh, nk = self.heads, self.kv_heads
         if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
             S = keys.shape[2]
@@ -414,7 +415,8 @@ class FusedDecoder:
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
-                 cache: Sequence, feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, tuple]:
+                 cache: Sequence, feature_layers: Sequence[int] = (), *,
+                 prefix_end: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
         """One forward of ``M`` tokens per row, their keys/values written at ``slots`` of every layer's cache.
 
         Args:
@@ -427,11 +429,15 @@ class FusedDecoder:
             cache: one object per layer with ``keys`` / ``values`` ``[B, kv_heads, S, head_dim]`` (written in
                 place), e.g. :func:`specdec.static.slot_cache`'s ``layers``.
             feature_layers: HF ``hidden_states`` indices to return.
+            prefix_end: Shape ``[1]`` or ``[B]`` int64 on the device (optional): the keys below it are masked for
+                every query as for query 0 (the committed slots, which every tree node sees alike); tree attention
+                then reads one mask row for them where that pays
+                (:func:`~specdec.kernels.tree_attention.tree_attention_shares_prefix`).
 
         Returns:
             ``(logits [B, M, V], features)``: one ``[B, M, H]`` tensor per feature layer, in order.
         """
-        return self._forward(tokens, positions, mask, slots, cache, feature_layers)
+        return self._forward(tokens, positions, mask, slots, cache, feature_layers, prefix_end=prefix_end)
 
     def _forward(self, tokens, *args, **kwargs):
         """:meth:`_layers`, on CUDA with masked attention on :func:`~specdec.nn.masked_sdpa_backends`."""
@@ -441,7 +447,7 @@ class FusedDecoder:
         return self._layers(tokens, *args, **kwargs)
 
     def _layers(self, tokens, positions, mask, slots, cache, feature_layers, *, kv_len: int | None = None,
-                last_only: bool = False):
+                last_only: bool = False, prefix_end: torch.Tensor | None = None):
         """The layers; ``kv_len``: attend to the first ``kv_len`` slots only (``mask=None``: causally)."""
         B, M = tokens.shape
         nh, nk, d = self.heads, self.kv_heads, self.head_dim
@@ -453,6 +459,10 @@ class FusedDecoder:
         kv_end = None
         if mask is not None and 1 < M <= TREE_ATTENTION_MAX_M and self.tree_attention:
             kv_end = slots.amax(0, keepdim=True) + 1
+            if not tree_attention_shares_prefix(B * nh, M):
+                prefix_end = None
+        else:
+            prefix_end = None
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}
         delta = None  # the last MLP's output, added to h by the next norm (one fused launch)
@@ -463,7 +473,7 @@ class FusedDecoder:
                 q = rope_store(qkv, cos, sin, kv.keys, kv.values, slots, nh)
             else:
                 q = self._rope_store_unfused(qkv, lay, cos, sin, kv, slots)
-            o = self._attend(q, kv.keys, kv.values, mask, kv_len, kv_end)
+            o = self._attend(q, kv.keys, kv.values, mask, kv_len, kv_end, prefix_end)
             h, x = self._add_norm(h, self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo),
                                   lay.ln2, eps2)
             gate_up = self._linear(x, lay.wgu, lay.bgu)

@@ -351,6 +351,7 @@ class _Buffers(NamedTuple):
     prefills: dict         # (B, T, all_valid, last_only) -> CapturedStep of the fused prefill (at most PREFILL_GRAPHS)
     compact: KVCompactPlan  # compact_kv in place over these very tensors, checked and grouped once
     seen: dict             # (B, T, all_valid, last_only) -> prefills of that shape run so far
+    prefix_end: torch.Tensor  # [1] int64, the committed slots' count of the bucket forward in flight (see _model_fn)
 
 
 class _Store:
@@ -538,6 +539,7 @@ class StaticAdapter:
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
                                        plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device),
                                        dtype=shapes[0][1], prefills={}, seen={},
+                                       prefix_end=torch.zeros(1, dtype=torch.long, device=device),
                                        compact=KVCompactPlan([la.keys for la in cache.layers],
                                                              [la.values for la in cache.layers]))
         return self._store.buffers
@@ -563,12 +565,16 @@ class StaticAdapter:
         CUDA the counters live with the buffers, which later calls share (:func:`held_graphs`)."""
         return dict(self._store.counts)
 
-    def _model_fn(self, cache) -> Callable:
+    def _model_fn(self, buf: _Buffers) -> Callable:
         """``run(tokens, positions, mask, slots) -> (logits, features)``: one forward writing at ``slots``, through
-        the fused decoder or HF's modules."""
-        fused, layers = self._store.fused, self.feature_layers
+        the fused decoder or HF's modules. The fused decoder also reads ``buf.prefix_end``, the committed slots'
+        count (:meth:`_bucket_inputs` writes it): every tree node sees them alike (a padding node, hidden from them
+        by the mask, is not read), so its tree attention may read one mask row there (``prefix_end`` of
+        :func:`specdec.kernels.tree_attention`)."""
+        fused, layers, cache = self._store.fused, self.feature_layers, buf.cache
         if fused is not None:
-            return lambda tokens, positions, mask, slots: fused(tokens, positions, mask, slots, cache.layers, layers)
+            return lambda tokens, positions, mask, slots: fused(tokens, positions, mask, slots, cache.layers, layers,
+                                                                prefix_end=buf.prefix_end)
 
         def run(tokens, positions, mask, slots):
             cache.slots = slots
@@ -579,7 +585,7 @@ class StaticAdapter:
     def _plain_fn(self, buf: _Buffers) -> Callable:
         """The plain step's captured function: its own mask column and valid slot set in place, one model call,
         and the argmax of its logits; returns ``(logits, features, argmax)``."""
-        valid, model = buf.valid, self._model_fn(buf.cache)
+        valid, model = buf.valid, self._model_fn(buf)
 
         def run(tokens, positions, mask, slots):
             mask.index_fill_(-1, slots, 0.0)  # the token sees itself (the committed columns are already right)
@@ -701,7 +707,7 @@ class StaticAdapter:
         size = bucket_for(M, self.buckets)
         self._check_room(state, size, M)
         (logits, feats), all_parents = self._bucket_step(buf, state, size, size, (tokens, parents, positions, present),
-                                                         (), lambda: self._model_fn(buf.cache), self._capture_fn())
+                                                         (), lambda: self._model_fn(buf), self._capture_fn())
         logits, feats = logits.clone(), tuple(f.clone() for f in feats)  # the next replay overwrites them
         if size > M:
             logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
@@ -740,6 +746,7 @@ class StaticAdapter:
             all_parents = torch.cat([state.pending_parents, parents], 1)
         end = start + size
         tree_mask(state.committed_valid, all_parents, present, buf.dtype, out=mask_s[:, :, :, :end])
+        buf.prefix_end.fill_(Lc)
         # Columns past `end` must hide their (free) slots; they were written only by an earlier, wider forward.
         high = buf.high_water.get(mark, 0) if runner is not None else 0
         if high > end:
@@ -954,7 +961,7 @@ class StaticAdapter:
 
     def _chain_fn(self, buf: _Buffers, M: int, num_levels: int, vocab: int | None) -> Callable:
         """The function :meth:`forward_chain` captures: the bucket forward, then the greedy one-token levels."""
-        model = self._model_fn(buf.cache)
+        model = self._model_fn(buf)
         compile_fn = getattr(self._capture_fn(), "compile_fn", None)
         if compile_fn is not None:
             model = compile_fn(model)
@@ -980,7 +987,7 @@ class StaticAdapter:
 
     def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable) -> Callable:
         """The function :meth:`forward_commit` captures: forward, ``decide``, then the moves to the rows' ends."""
-        model = self._model_fn(buf.cache)
+        model = self._model_fn(buf)
         compile_fn = getattr(self._capture_fn(), "compile_fn", None)
         if compile_fn is not None:  # compile the forward alone: the kernels after it run as they are
             model = compile_fn(model)

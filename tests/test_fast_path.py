@@ -231,6 +231,33 @@ def test_greedy_fast_path_is_token_identical_to_the_eager_path(name, batch, devi
         assert torch.equal(fast.sequences, hf)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["draft_model_tree", "eagle2"])
+def test_verify_forwards_read_the_committed_prefix_as_one_mask_row_and_decode_the_same(name, device, monkeypatch):
+    """The static adapter passes its committed length as tree attention's prefix_end (one mask row for the
+    committed slots, read where it pays: here at any width); greedy decoding stays token-identical to the eager
+    path, padding nodes included (3 rows, ragged prompts)."""
+    import specdec.fused as fused
+
+    ta = sys.modules["specdec.kernels.tree_attention"]  # the module (the package exports the function by that name)
+    calls = []
+    real = fused.tree_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("prefix_end"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ta, "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", 1)
+    monkeypatch.setattr(fused, "tree_attention", spy)
+    model = tiny_model("llama", scale=3.0).to(device)
+    ids, mask = _prompts(3, device)
+    drafter = _drafter(name, model)
+    eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[])
+    fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[], fast=True)
+    assert torch.equal(eager.sequences, fast.sequences)
+    assert any(p is not None for p in calls)  # the fused decoder's verify forwards passed it
+
+
 def test_fast_takes_false_true_graphs_or_compile_and_names_them_on_anything_else():
     model = tiny_model("llama", scale=3.0)
     ids, mask = _prompts(2)

@@ -100,6 +100,38 @@ def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits, tile)
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_m,splits,tile", [(16, 1, None), (32, 3, 32), (64, 2, None), (None, None, None)])
+def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, tile):
+    """prefix_end: the keys below it take query 0's mask row for every query, in the kernels (whatever the plan,
+    chunks straddling the bound included) as in the reference; where the queries share that row (a verify's
+    committed slots) the result is the plain one, and a query that differs there (padding) sees query 0's row."""
+    q, k, v, mask = _case(2, 4, 2, 12, 320, 16, seed=11, device=device)
+    kv_end = torch.tensor([300, 250], device=device)
+    prefix_end = torch.tensor([281, 231], device=device)  # the committed slots; the last 19 keys are the tree's
+    hidden = mask.min()
+    for b, p in enumerate(prefix_end.tolist()):
+        mask[b, 0, :, :p] = mask[b, 0, 0, :p]  # every query sees the committed slots as query 0 does
+        mask[b, 0, :, 5:9] = hidden  # holes in the committed slots (rejected drafts)
+    padded = mask.clone()
+    for b, p in enumerate(prefix_end.tolist()):
+        padded[b, 0, -2:, :p] = hidden  # two padding queries hidden from the committed slots
+    out = _tree_attention_triton(q, k, v, padded, None, kv_end=kv_end, prefix_end=prefix_end, block_m=block_m,
+                                 num_splits=splits, tile_s=tile)
+    want = tree_attention_ref(q, k, v, mask, kv_end=kv_end)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(tree_attention_ref(q, k, v, padded, kv_end=kv_end, prefix_end=prefix_end), want,
+                               atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(tree_attention_ref(q, k, v, padded, kv_end=kv_end)[:, :, -2:], want[:, :, -2:])
+    one = torch.tensor([200], device=device, dtype=torch.int32)  # one bound for every row, below both trees
+    torch.testing.assert_close(_tree_attention_triton(q, k, v, mask, None, kv_end=kv_end, prefix_end=one,
+                                                      block_m=block_m, num_splits=splits, tile_s=tile),
+                               want, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="prefix_end must be an integer tensor"):
+        tree_attention(q, k, v, mask, prefix_end=torch.tensor([1.0]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_shared_mask_with_a_bound_per_row(device):
     """One mask for every row (``[1, 1, M, S]``) and a different end per row: the reference expands the mask."""
     q, k, v, mask = _case(3, 2, 2, 5, 96, 16, seed=7, device=device)

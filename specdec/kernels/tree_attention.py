@@ -41,6 +41,10 @@ __all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "t
 #: The most queries per row the kernels take (a verify bucket); longer forwards (a prefill) run the reference.
 TREE_ATTENTION_MAX_M = 128
 
+#: The fewest rows x heads at which reading one mask row for a shared prefix (``prefix_end``) pays (session 24,
+#: H200; see :func:`tree_attention_shares_prefix`).
+TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS = 128
+
 
 def check_inputs(op: str, q, k, v, mask) -> tuple[int, int, int, int, int, int]:
     """``(B, H, H_kv, M, S, d)`` of an attention call over a cache, or a ``ValueError`` naming ``op`` and the bad
@@ -80,7 +84,8 @@ def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float | None = None, *, kv_end: torch.Tensor | None = None) -> torch.Tensor:
+                       scale: float | None = None, *, kv_end: torch.Tensor | None = None,
+                       prefix_end: torch.Tensor | None = None) -> torch.Tensor:
     """Reference for :func:`tree_attention`: ``F.scaled_dot_product_attention`` under the additive mask.
 
     Args:
@@ -90,13 +95,17 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
         mask: Shape ``[B, 1, M, S]`` (or ``[1, 1, M, S]``), additive, float.
         scale: softmax scale (default ``d ** -0.5``).
         kv_end: Shape ``[B]`` or ``[1]`` integer: keys at or past ``kv_end[b]`` hidden too.
+        prefix_end: Shape ``[B]`` or ``[1]`` integer: keys below ``prefix_end[b]`` masked for every query as for
+            query 0 (:func:`tree_attention`).
 
     Returns:
         Shape ``[B, H, M, d]`` in ``q``'s dtype.
     """
     check_inputs("tree_attention", q, k, v, mask)
-    if kv_end is not None:
-        _check_end(kv_end, q.shape[0], q.device)
+    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end)):
+        if bound is not None:
+            _check_end(bound, q.shape[0], q.device, name)
+    mask = _share_prefix(mask, prefix_end, q.shape[0])
     return sdpa_reference(q, k, v, _hide_past_end(mask, kv_end, q.shape[0]), scale)
 
 
@@ -110,15 +119,51 @@ def tree_attention_split(programs: int, keys: int) -> int:
 
 
 @jit
-def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H, group, M, S, D, NS,
-                       scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms, seb,
-                       sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                       IEEE: tl.constexpr, HAS_END: tl.constexpr, DIRECT: tl.constexpr):
+def _tree_tile(q, m_i, l_i, acc, start, bound, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in, dims, d_in, scale,
+               skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms, BLOCK_S: tl.constexpr, IEEE: tl.constexpr,
+               SHARED: tl.constexpr):
+    """One tile of ``BLOCK_S`` keys from ``start`` (those at or past ``bound`` hidden, not read) folded into the
+    online softmax ``(m_i, l_i, acc)`` of the queries ``rows``. ``SHARED``: the keys' mask is query 0's row for
+    every query (one ``[BLOCK_S]`` read instead of a ``[BLOCK_M, BLOCK_S]`` tile)."""
+    s = start + tl.arange(0, BLOCK_S)
+    s_in = s < bound
+    keys_t = tl.load(k_ptr + b * skb + kvh * skh + s[None, :] * sks + dims[:, None] * skd,
+                     mask=d_in[:, None] & s_in[None, :], other=0.0)  # [BLOCK_D, BLOCK_S]
+    if IEEE:
+        scores = tl.dot(q.to(tl.float32), keys_t.to(tl.float32), input_precision="ieee")
+    else:
+        scores = tl.dot(q, keys_t)
+    if SHARED:
+        scores = scores * scale + tl.load(mask_ptr + b * smb + s * sms, mask=s_in, other=0.0).to(tl.float32)[None, :]
+    else:
+        scores = scores * scale + tl.load(mask_ptr + b * smb + rows[:, None] * smm + s[None, :] * sms,
+                                          mask=r_in[:, None] & s_in[None, :], other=0.0).to(tl.float32)
+    scores = tl.where(s_in[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # keys hidden by -inf only so far: p = 0, l = 0
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(scores - m_safe[:, None])
+    values = tl.load(v_ptr + b * svb + kvh * svh + s[:, None] * svs + dims[None, :] * svd,
+                     mask=s_in[:, None] & d_in[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    if IEEE:
+        part = tl.dot(p, values.to(tl.float32), input_precision="ieee")
+    else:
+        part = tl.dot(p.to(values.dtype), values)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + part
+
+
+@jit
+def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H, group, M,
+                       S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
+                       seb, spb, sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+                       BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, HAS_PREFIX: tl.constexpr,
+                       DIRECT: tl.constexpr):
     """One program per (row * head, chunk of keys, block of queries): the row's first ``end`` keys (``end`` read
     from ``end_ptr`` on the device, else ``S``) cut into ``NS`` chunks, this program's walked in tiles of
-    ``BLOCK_S`` keys with an online softmax. ``DIRECT`` (one chunk): the normalised output, written to ``o``;
-    else the chunk's max score, sum of exponentials and weighted values per query, at ``[row * head, chunk,
-    query]``, for the merge."""
+    ``BLOCK_S`` keys with an online softmax. ``HAS_PREFIX``: the keys below ``pre_ptr[b]`` take query 0's mask row
+    (:func:`tree_attention`'s ``prefix_end``), walked apart from the others. ``DIRECT`` (one chunk): the
+    normalised output, written to ``o``; else the chunk's max score, sum of exponentials and weighted values per
+    query, at ``[row * head, chunk, query]``, for the merge."""
     bh = tl.program_id(0)
     chunk = tl.program_id(1)
     qb = tl.program_id(2)
@@ -141,31 +186,17 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        s_in = s < hi
-        keys_t = tl.load(k_ptr + b * skb + kvh * skh + s[None, :] * sks + dims[:, None] * skd,
-                         mask=d_in[:, None] & s_in[None, :], other=0.0)  # [BLOCK_D, BLOCK_S]
-        if IEEE:
-            scores = tl.dot(q.to(tl.float32), keys_t.to(tl.float32), input_precision="ieee")
-        else:
-            scores = tl.dot(q, keys_t)
-        scores = scores * scale + tl.load(mask_ptr + b * smb + rows[:, None] * smm + s[None, :] * sms,
-                                          mask=r_in[:, None] & s_in[None, :], other=0.0).to(tl.float32)
-        scores = tl.where(s_in[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # keys hidden by -inf only so far: p = 0, l = 0
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        values = tl.load(v_ptr + b * svb + kvh * svh + s[:, None] * svs + dims[None, :] * svd,
-                         mask=s_in[:, None] & d_in[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-        if IEEE:
-            part = tl.dot(p, values.to(tl.float32), input_precision="ieee")
-        else:
-            part = tl.dot(p.to(values.dtype), values)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + part
-        m_i = m_new
+    mid = lo
+    if HAS_PREFIX:  # the shared prefix's keys first: one mask row for every query
+        mid = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), lo), hi)
+        for start in range(lo, mid, BLOCK_S):
+            m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, mid, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+                                       dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
+                                       BLOCK_S, IEEE, True)
+    for start in range(mid, hi, BLOCK_S):
+        m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in, dims,
+                                   d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms, BLOCK_S, IEEE,
+                                   False)
     if DIRECT:  # a query that sees no key at all (a bucket's padding) gets zeros, not 0 / 0
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod, o.to(o_ptr.dtype.element_ty),
@@ -217,8 +248,19 @@ def tree_attention_plan(rows_heads: int, queries: int, keys: int) -> tuple[int, 
     return tree_attention_launch(rows_heads, queries, keys)[:2]
 
 
-def tree_attention_launch(rows_heads: int, queries: int, keys: int,
-                          head_dim: int = 128) -> tuple[int, int, int, int, int]:
+def tree_attention_shares_prefix(rows_heads: int, queries: int) -> bool:
+    """Whether a caller that knows a shared prefix should pass ``prefix_end`` to :func:`tree_attention`: where
+    ``rows_heads`` (``B x H``) is at least :data:`TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS`.
+
+    Measured on the H200 (session 24, ``docs/results/fast_s24``; Llama-2-7B's verify, 64 queries over 573 live of
+    1,216 slots, keys L2-cold), us per layer, without -> with it: batch 16 87.0 -> 65.9; batch 4 28.2 -> 26.6;
+    batch 1 15.8 -> 16.9 (the two loops cost more than the mask tiles they save with 128 programs), so not there.
+    """
+    return rows_heads >= TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS and 1 < queries <= TREE_ATTENTION_MAX_M
+
+
+def tree_attention_launch(rows_heads: int, queries: int, keys: int, head_dim: int = 128, *,
+                          shared_prefix: bool = False) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, num_splits, BLOCK_S, num_warps, num_stages)`` of a call: queries per program, chunks of keys,
     keys per tile, and the launch's warps and software-pipelining stages.
 
@@ -242,12 +284,13 @@ def tree_attention_launch(rows_heads: int, queries: int, keys: int,
         queries: ``M``.
         keys: ``S``.
         head_dim: ``d``.
+        shared_prefix: the call passes ``prefix_end`` (:func:`tree_attention`): most tiles read one mask row.
 
     Returns:
         ``(BLOCK_M, num_splits, BLOCK_S, num_warps, num_stages)``.
     """
-    if rows_heads * -(-queries // 64) >= 256:
-        return _row_block(queries), 1, 64, 4, 1
+    if rows_heads * -(-queries // 64) >= 256:  # with a shared prefix: 32-key tiles, 3 stages (batch 16: 66 us)
+        return (_row_block(queries), 1, 32, 4, 3) if shared_prefix else (_row_block(queries), 1, 64, 4, 1)
     if rows_heads * -(-queries // 32) >= 128:
         return 32, 1, 64, 4, 3
     if rows_heads * -(-queries // 16) >= 96:
@@ -264,11 +307,11 @@ def _row_block(queries: int) -> int:
     return max(16, min(64, next_pow2(queries)))
 
 
-def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, block_m=None,
+def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, prefix_end=None, block_m=None,
                            num_splits=None, tile_s=None, num_warps=None, num_stages=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
-    plan = list(tree_attention_launch(B * H, M, S, d))
+    plan = list(tree_attention_launch(B * H, M, S, d, shared_prefix=prefix_end is not None))
     if block_s is not None:  # keys per program forced: the split kernels, all queries per program
         plan[:2] = _row_block(M), -(-S // block_s)
     for i, forced in enumerate((block_m, num_splits, tile_s, num_warps, num_stages)):
@@ -287,16 +330,18 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, b
         l_sum = torch.empty(B * H, num_splits, M, dtype=torch.float32, device=dev)
         acc = torch.empty(B * H, num_splits, M, d, dtype=torch.float32, device=dev)
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
-    if kv_end is not None:
-        _check_end(kv_end, B, dev)
+    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end)):
+        if bound is not None:
+            _check_end(bound, B, dev, name)
     block_d = max(16, next_pow2(d))
     _tree_split_kernel[(B * H, num_splits, query_blocks)](
-        q, k, v, mask, q if kv_end is None else kv_end, m, l_sum, acc, o, H, H // Hkv, M, S, d, num_splits, scale,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(), *v.stride(), smb, mask.stride(2),
-        mask.stride(3), 0 if kv_end is None or kv_end.numel() == 1 else kv_end.stride(0), *o.stride(),
+        q, k, v, mask, q if kv_end is None else kv_end, q if prefix_end is None else prefix_end, m, l_sum, acc, o, H,
+        H // Hkv, M, S, d, num_splits, scale, q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(),
+        *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(prefix_end), *o.stride(),
         BLOCK_M=block_m, BLOCK_S=tile_s, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
-        HAS_END=kv_end is not None, DIRECT=direct, num_warps=num_warps, num_stages=num_stages,
+        HAS_END=kv_end is not None, HAS_PREFIX=prefix_end is not None, DIRECT=direct, num_warps=num_warps,
+        num_stages=num_stages,
     )
     if not direct:
         _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
@@ -310,14 +355,29 @@ def _heads_last(B: int, H: int, M: int, d: int, dtype: torch.dtype, device) -> t
     return torch.empty(B, M, H, d, dtype=dtype, device=device).transpose(1, 2)
 
 
-def _check_end(kv_end, B: int, device) -> None:
+def _check_end(kv_end, B: int, device, name: str = "kv_end") -> None:
     if not isinstance(kv_end, torch.Tensor) or kv_end.dtype not in (torch.int32, torch.int64) \
             or kv_end.dim() != 1 or kv_end.shape[0] not in (1, B):
-        raise ValueError(f"tree_attention: kv_end must be an integer tensor of shape [B] = [{B}] or [1], got "
+        raise ValueError(f"tree_attention: {name} must be an integer tensor of shape [B] = [{B}] or [1], got "
                          f"{getattr(kv_end, 'dtype', type(kv_end).__name__)} {tuple(getattr(kv_end, 'shape', ()))}")
     if kv_end.device != device:
-        raise ValueError(f"tree_attention: kv_end must be on {device} (a device tensor: no sync), got "
+        raise ValueError(f"tree_attention: {name} must be on {device} (a device tensor: no sync), got "
                          f"{kv_end.device}")
+
+
+def _row_stride(bound: torch.Tensor | None) -> int:
+    """A per-row bound's stride (0: one value for every row, or none)."""
+    return 0 if bound is None or bound.numel() == 1 else bound.stride(0)
+
+
+def _share_prefix(mask: torch.Tensor, prefix_end: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """``mask`` with every key below row ``b``'s ``prefix_end[b]`` masked for every query as for query 0: what the
+    kernels read when given ``prefix_end``."""
+    if prefix_end is None:
+        return mask
+    shared = torch.arange(mask.shape[-1], device=mask.device) < prefix_end.to(mask.device)[:, None]  # [B or 1, S]
+    full = mask.expand(max(batch, mask.shape[0]), *mask.shape[1:])
+    return torch.where(shared[:, None, None], full[:, :, :1], full)
 
 
 def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int) -> torch.Tensor:
@@ -330,7 +390,7 @@ def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int) 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    scale: float | None = None, *, kv_end: torch.Tensor | None = None,
-                   block_s: int | None = None) -> torch.Tensor:
+                   prefix_end: torch.Tensor | None = None, block_s: int | None = None) -> torch.Tensor:
     """Attention of a verify bucket: ``M`` tree nodes per row and head over the ``S`` cached keys, under an
     additive mask (each node sees the committed keys, its ancestors and itself).
 
@@ -354,6 +414,13 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         kv_end: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional): row ``b``'s keys at or past
             ``kv_end[b]`` are hidden whatever the mask says, and never read; the chunks split the keys below it
             (read on the device: no sync, so a captured step keeps it).
+        prefix_end: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional): row ``b``'s keys below
+            ``prefix_end[b]`` are masked for *every* query as for query 0 (``mask[b, 0, k]``), and the kernels
+            read one mask row for them instead of a tile per query block (a tile's read costs about as much as the
+            rest of the tile's work at a 7B verify). Pass it where the queries share that prefix's mask, as a
+            verify forward's tree nodes share the committed slots (the fast path passes its committed length);
+            a query whose row differs (a bucket's padding node, which :func:`specdec.kernels.tree_mask` hides
+            from the committed slots) then sees what query 0 sees there.
         block_s: keys per program to force, a multiple of 32 (tests, benchmarks: the split kernels with every
             query of a row in one program); default :func:`tree_attention_plan`.
 
@@ -367,27 +434,28 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     check_inputs("tree_attention", q, k, v, mask)
     if q.shape[2] > TREE_ATTENTION_MAX_M or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         # long forwards; training (the kernels have no backward)
-        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end)
+        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
     if get_kernel_mode() == "auto":
         on_cuda = all(t.is_cuda for t in (q, k, v, mask)) and triton_available()
         if on_cuda and torch.compiler.is_compiling():  # an opaque op for inductor
-            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end)
+            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end, prefix_end)
         if on_cuda:  # eagerly (and inside CUDA graphs) the launcher itself: no dispatcher on the hot path
-            return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end)
-        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end)
+            return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end, prefix_end=prefix_end)
+        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
     if use_kernel("tree_attention", q, k, v, mask):  # forced: the kernel (under the interpreter on CPU)
-        return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end)
-    return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end)
+        return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end, prefix_end=prefix_end)
+    return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
 
 
 if triton_available():
     @torch.library.custom_op("specdec::tree_attention", mutates_args=())
     def _tree_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                           scale: float | None, kv_end: torch.Tensor | None = None) -> torch.Tensor:
-        return _tree_attention_triton(q, k, v, mask, scale, kv_end=kv_end)
+                           scale: float | None, kv_end: torch.Tensor | None = None,
+                           prefix_end: torch.Tensor | None = None) -> torch.Tensor:
+        return _tree_attention_triton(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
 
     @_tree_attention_op.register_fake
     def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
-          kv_end: torch.Tensor | None = None) -> torch.Tensor:
+          kv_end: torch.Tensor | None = None, prefix_end: torch.Tensor | None = None) -> torch.Tensor:
         B, H, M, d = q.shape
         return _heads_last(B, H, M, d, q.dtype, q.device)
