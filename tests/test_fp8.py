@@ -10,7 +10,7 @@ from tiny_models import VOCAB, tiny_model
 from specdec import recipes
 from specdec.drafters import EagleDrafter
 from specdec.generate import generate
-from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head, PEagleHead
+from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head, MedusaHead, PEagleHead
 from specdec.kernels import interpreter_enabled, kernel_mode, triton_available
 from specdec.kernels.fp8 import (
     FP8_DTYPE,
@@ -243,6 +243,18 @@ def test_a_peagle_head_rounds_every_linear_and_stays_lossless(target):
     assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0
 
 
+def test_a_head_with_nothing_to_round_is_refused_by_name(target):
+    """A Medusa head's projections are stacked tensors, not nn.Linear: quantize_fp8_ says so instead of returning
+    the head unchanged (a user would time a bfloat16 head believing it rounded); so does skipping every linear."""
+    head = MedusaHead.from_target(target, num_heads=2).eval().requires_grad_(False)
+    with pytest.raises(ValueError, match="MedusaHead has no nn.Linear left to round"):
+        quantize_fp8_(head)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4)).requires_grad_(False)
+    with pytest.raises(ValueError, match="nothing would change"):
+        quantize_fp8_(mlp, skip=("0",))
+    assert type(mlp[0]) is torch.nn.Linear
+
+
 @needs_cuda
 @pytest.mark.parametrize("rows", [1, 7, 10, 16, 61, 100])
 @pytest.mark.parametrize("n,k,bias", [(4096, 4096, False), (4096, 8192, True), (512, 1000, False)])
@@ -282,3 +294,19 @@ def test_on_the_gpu_a_float8_head_decodes_losslessly(fast):
     head = quantize_fp8_(_head(target))
     spec = generate(target, ids, drafter=EagleDrafter(head, DynamicTree(12, 3, 3)), max_new_tokens=16, fast=fast)
     assert torch.equal(spec.sequences, plain.sequences) and sum(spec.stats.depth_tries) > 0
+
+
+@needs_cuda
+@pytest.mark.parametrize("cls,recipe", [(DFlashHead, recipes.dflash), (DSparkHead, recipes.dspark)])
+@pytest.mark.parametrize("fast", [False, True])
+def test_on_the_gpu_block_drafters_with_a_float8_lm_head_decode_losslessly(cls, recipe, fast):
+    """DFlash / DSpark rounded whole (their layers and the float8 copy of the target's lm_head, on the kernels):
+    float32 target, greedy identity, eager and on the fast path."""
+    target = tiny_model("llama", layers=2, scale=4.0).cuda()
+    head = cls.from_target(target, block_size=4, num_layers=1, seed=3).float().eval().requires_grad_(False)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4)).cuda()
+    plain = generate(target, ids, max_new_tokens=12)
+    quantize_fp8_(head)
+    assert isinstance(head.lm_head_fp8, Fp8Linear)
+    out = generate(target, ids, drafter=recipe(head), max_new_tokens=12, fast=fast)
+    assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0

@@ -110,8 +110,10 @@ def quantize_fp8_(module: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module
         ``module`` (modified).
 
     Raises:
-        ValueError: a name in ``skip`` is not an ``nn.Linear`` of ``module``, or ``module`` is training with
-            gradients on its linears (quantize for inference: ``head.eval().requires_grad_(False)``).
+        ValueError: a name in ``skip`` is not an ``nn.Linear`` of ``module``, ``module`` is training with
+            gradients on its linears (quantize for inference: ``head.eval().requires_grad_(False)``), or nothing
+            would be rounded (no ``nn.Linear`` left and no ``lm_head`` slot: e.g. a
+            :class:`~specdec.heads.MedusaHead`, whose projections are stacked tensors).
 
     Example:
         >>> head = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -127,15 +129,19 @@ def quantize_fp8_(module: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module
     if any(p.requires_grad for sub in linears.values() for p in sub.parameters()):
         raise ValueError("quantize_fp8_: the linears still require gradients; float8 layers are for inference "
                          "(call module.eval().requires_grad_(False) first, and train the unrounded head)")
+    heads = [sub for sub in module.modules() if ("lm_head_fp8" in vars(sub) or "lm_head_fp8" in sub._modules)
+             and getattr(sub, "lm_head_weight", None) is not None]
+    if len(linears) == len(skip) and not heads:
+        raise ValueError(f"quantize_fp8_: {type(module).__name__} has no nn.Linear left to round and no lm_head "
+                         "slot, so nothing would change; float8 covers nn.Linear layers and the EAGLE-1 / DFlash / "
+                         "DSpark lm_head (a Medusa head's stacked projections are not nn.Linear: keep it in "
+                         "bfloat16)")
     for name, sub in linears.items():
         if name in skip:
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
         setattr(parent, attr, Fp8Linear.from_linear(sub))
-    for sub in module.modules():
-        slot = "lm_head_fp8" in vars(sub) or "lm_head_fp8" in sub._modules
-        if slot and getattr(sub, "lm_head_weight", None) is not None:
-            bias = getattr(sub, "lm_head_bias", None)
-            sub.lm_head_fp8 = Fp8Linear(sub.lm_head_weight, bias, persistent=False)
+    for sub in heads:
+        sub.lm_head_fp8 = Fp8Linear(sub.lm_head_weight, getattr(sub, "lm_head_bias", None), persistent=False)
     return module
