@@ -12,18 +12,22 @@ from specdec.drafters import EagleDrafter
 from specdec.generate import generate
 from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head, MedusaHead, PEagleHead
 from specdec.kernels import interpreter_enabled, kernel_mode, triton_available
+from specdec.kernels.decoder_ops import add_rms_norm, embed_concat, silu_mul
 from specdec.kernels.fp8 import (
     FP8_DTYPE,
+    Fp8Rows,
     _linear_fp8_triton,
     dequantize_fp8,
     fp8_linear_config,
     linear_fp8,
     linear_fp8_ref,
+    linear_fp8_rows,
+    linear_fp8_rows_ref,
     quantize_fp8_rows,
     quantize_fp8_rows_ref,
 )
 from specdec.nn import Fp8Linear, Fp8Weight, quantize_fp8_
-from specdec.nn.inference import cat_linears, fused_linear
+from specdec.nn.inference import cat_linears, fused_linear, inference_linear
 from specdec.trees import DynamicTree
 
 needs_interpreter = pytest.mark.skipif(not (triton_available() and interpreter_enabled()),
@@ -126,6 +130,50 @@ def test_fp8_linear_stores_bytes_that_survive_dtype_casts():
     assert isinstance(layer.fp8_weight, Fp8Weight) and layer.fp8_weight.w8.dtype == FP8_DTYPE
     with pytest.raises(ValueError, match="2-D float tensor"):
         Fp8Linear(torch.zeros(3))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_producers_round_their_rows_as_quantize_fp8_rows_does(dtype):
+    """add_rms_norm / silu_mul / embed_concat with fp8_out: the codes and scales of quantize_fp8_rows applied to their
+    plain output, from the same launch (kernels under the interpreter; the references in torch mode)."""
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(5, 96, generator=g) * 3).to(dtype), torch.randn(5, 96, generator=g).to(dtype)
+    w = (torch.rand(96, generator=g) + 0.5).to(dtype)
+    gate_up = torch.randn(2, 3, 160, generator=g).to(dtype)
+    table, hid = torch.randn(20, 48, generator=g).to(dtype), torch.randn(2, 3, 40, generator=g).to(dtype)
+    ids = torch.randint(0, 20, (2, 3), generator=g)
+    wide = torch.randn(1, 2 * 16400, generator=g).to(dtype)  # past one program's row: silu_mul, then the rounding
+    for mode in ("triton", "torch"):
+        with kernel_mode(mode):
+            pairs = ((add_rms_norm(x, r, w, 1e-6)[1], add_rms_norm(x, r, w, 1e-6, fp8_out=True)[1]),
+                     (add_rms_norm(x, None, w, 1e-6)[1], add_rms_norm(x, None, w, 1e-6, fp8_out=True)[1]),
+                     (silu_mul(gate_up), silu_mul(gate_up, fp8_out=True)),
+                     (silu_mul(wide), silu_mul(wide, fp8_out=True)),
+                     (embed_concat(ids, table, hid), embed_concat(ids, table, hid, fp8_out=True)))
+        for plain, rounded in pairs:
+            q, scale = quantize_fp8_rows_ref(plain)
+            assert isinstance(rounded, Fp8Rows) and rounded.dtype == dtype and rounded.q.shape == plain.shape
+            assert torch.equal(rounded.q.float(), q.float()) and torch.equal(rounded.scale, scale)
+    assert add_rms_norm(x, r, w, 1e-6, fp8_out=True)[0].dtype == dtype  # the sum stays in the dtype
+
+
+def test_a_product_on_rows_rounded_already_equals_linear_fp8():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 64, generator=g)
+    w8, ws = quantize_fp8_rows(torch.randn(24, 64, generator=g) / 8)
+    b = torch.randn(24, generator=g)
+    for mode in ("triton", "torch") if interpreter_enabled() else ("torch",):
+        with kernel_mode(mode):
+            rows = Fp8Rows.of(x)
+            torch.testing.assert_close(linear_fp8_rows(rows, w8, ws, b), linear_fp8(x, w8, ws, b))
+            torch.testing.assert_close(linear_fp8_rows(rows, w8, ws), linear_fp8_rows_ref(rows, w8, ws))
+    with pytest.raises(ValueError, match="rows must be Fp8Rows"):
+        linear_fp8_rows((rows.q, rows.scale), w8, ws)
+    with pytest.raises(ValueError, match="need a float8 weight"):
+        inference_linear(rows, torch.randn(24, 64))
+    layer = Fp8Linear(torch.randn(24, 64, generator=g), b)
+    torch.testing.assert_close(layer(rows), layer(x))
 
 
 def _head(target, cls=Eagle1Head, seed: int = 0):

@@ -56,6 +56,7 @@ from ..nn import (
     uncached_attention,
     zero_linear,
 )
+from ..nn.fp8 import Fp8Linear
 from ..nn.inference import apply_linear, fused_inference, inference_linear
 from .common import target_dims, text_config
 
@@ -471,7 +472,8 @@ class Eagle1Head(_EagleHead):
 
     def _inputs(self, input_ids, hidden):
         if fused_inference(hidden):  # the embedding rows and the hidden states written side by side, one launch
-            return apply_linear(self.fc, embed_concat(input_ids, self.embed_weight, hidden)), None
+            rows = embed_concat(input_ids, self.embed_weight, hidden, fp8_out=isinstance(self.fc, Fp8Linear))
+            return apply_linear(self.fc, rows), None
         e = self.embed(input_ids).to(hidden.dtype)
         return self.fc(torch.cat([e, hidden], dim=-1)), None
 

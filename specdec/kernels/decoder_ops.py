@@ -25,6 +25,9 @@ import torch.nn.functional as F
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, tl
+from .fp8 import FP8_DTYPE, Fp8Rows, store_fp8_row
+
+ROW_FP8_MAX = 16384  # the widest row a kernel rounds to float8 from its own registers (fp8_out)
 
 __all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
            "embed_concat", "embed_concat_ref"]
@@ -51,9 +54,10 @@ def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
 
 
 @jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, H, eps, sx, sr, sh, so,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One program per row: ``h = x + r`` (rounded to the dtype, stored), then the norm of ``h``."""
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, s_ptr, H, eps, sx, sr, sh, so,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """One program per row: ``h = x + r`` (rounded to the dtype, stored), then the norm of ``h``; ``FP8``: the
+    normed row (in the dtype) rounded to float8, codes at ``out``, scale at ``s`` (:func:`store_fp8_row`)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     inside = cols < H
@@ -64,13 +68,17 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, H, eps, sx, sr, sh
         tl.store(h_ptr + row * sh + cols, h, mask=inside)
     hf = h.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)
-    normed = (hf * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
+    normed = (hf * inv).to(h_ptr.dtype.element_ty).to(tl.float32)  # h, out: x's dtype (out float8 with FP8)
     w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * so + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=inside)
+    if FP8:
+        store_fp8_row((w * normed).to(h_ptr.dtype.element_ty).to(tl.float32), cols, inside, out_ptr + row * so,
+                      s_ptr + row)
+    else:
+        tl.store(out_ptr + row * so + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, *, fp8_out: bool = False) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
     """The residual add and the RMSNorm after it, in one launch on CUDA (:func:`add_rms_norm_ref` elsewhere).
 
     .. math::
@@ -84,9 +92,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         residual: Shape ``[..., H]``, ``x``'s dtype, or ``None`` (no add: ``h = x``).
         weight: Shape ``[H]``, ``x``'s dtype.
         eps: epsilon.
+        fp8_out: return ``normed`` rounded to float8 (:class:`~specdec.kernels.fp8.Fp8Rows`, the codes of
+            ``quantize_fp8_rows(normed)``) for a float8 product to read, rounded in the same launch.
 
     Returns:
-        ``(h, normed)``, both ``[..., H]`` in ``x``'s dtype (``h`` is ``x`` itself without a residual).
+        ``(h, normed)``, both ``[..., H]`` in ``x``'s dtype (``h`` is ``x`` itself without a residual); with
+        ``fp8_out`` ``normed`` is an ``Fp8Rows``.
 
     Raises:
         ValueError: mismatched shapes or dtypes.
@@ -99,19 +110,22 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
                          f"{tuple(weight.shape)} {weight.dtype}")
     tensors = (x, weight) if residual is None else (x, residual, weight)
     if not use_kernel("add_rms_norm", *tensors):
-        return add_rms_norm_ref(x, residual, weight, eps)
+        h, normed = add_rms_norm_ref(x, residual, weight, eps)
+        return h, (Fp8Rows.of(normed) if fp8_out else normed)
     H = x.shape[-1]
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
     h = torch.empty_like(x2) if residual is not None else x2
-    out = torch.empty_like(x2)
+    out = torch.empty(x2.shape, dtype=FP8_DTYPE if fp8_out else x.dtype, device=x.device)
+    scale = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device) if fp8_out else out
     if x2.shape[0]:
-        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight.contiguous(), h, out, H, float(eps), x2.stride(0),
+        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight.contiguous(), h, out, scale, H, float(eps), x2.stride(0),
                                              r2.stride(0), h.stride(0), out.stride(0),
                                              HAS_RESIDUAL=residual is not None, BLOCK_H=next_pow2(H),
-                                             num_warps=8 if H >= 2048 else 4)
+                                             FP8=fp8_out, num_warps=8 if H >= 2048 else 4)
     shape = x.shape
-    return (x if residual is None else h.view(shape)), out.view(shape)
+    normed = Fp8Rows(out.view(shape), scale.view(shape[:-1]), x.dtype) if fp8_out else out.view(shape)
+    return (x if residual is None else h.view(shape)), normed
 
 
 # ------------------------------------------------------------------------------------------- RoPE + KV store
@@ -269,7 +283,9 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, s_in, s_out, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, s_ptr, inter, s_in, s_out, BLOCK: tl.constexpr, FP8: tl.constexpr):
+    """Program ``(row, block of columns)``: ``silu(gate) * up``, rounded to the dtype; ``FP8`` (one block holds
+    the row): the row rounded to float8, codes at ``out``, scale at ``s``."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < inter
@@ -277,30 +293,42 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, s_in, s_out, BLOCK: tl.constexpr):
     up = tl.load(gu_ptr + row * s_in + inter + cols, mask=inside, other=0.0)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # F.silu, rounded to the dtype
-    tl.store(out_ptr + row * s_out + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=inside)
+    val = (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+    if FP8:
+        store_fp8_row(val.to(tl.float32), cols, inside, out_ptr + row * s_out, s_ptr + row)
+    else:
+        tl.store(out_ptr + row * s_out + cols, val, mask=inside)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, fp8_out: bool = False) -> torch.Tensor | Fp8Rows:
     """SwiGLU's activation on a fused ``[gate; up]`` projection: ``F.silu(gate) * up`` in one launch on CUDA
     (:func:`silu_mul_ref` elsewhere).
 
     Args:
         gate_up: Shape ``[..., 2 I]`` (gate first).
+        fp8_out: return the result rounded to float8 (:class:`~specdec.kernels.fp8.Fp8Rows`, the codes of
+            ``quantize_fp8_rows(silu_mul(gate_up))``) for a float8 ``down_proj``: one program per row then
+            (``I`` up to 16,384; wider rows take a second launch).
 
     Returns:
-        Shape ``[..., I]`` in ``gate_up``'s dtype.
+        Shape ``[..., I]`` in ``gate_up``'s dtype (an ``Fp8Rows`` of that shape with ``fp8_out``).
     """
     if gate_up.shape[-1] % 2:
         raise ValueError(f"silu_mul: the last dim must be 2 I (gate then up), got {gate_up.shape[-1]}")
-    if not use_kernel("silu_mul", gate_up):
-        return silu_mul_ref(gate_up)
     inter = gate_up.shape[-1] // 2
+    if not use_kernel("silu_mul", gate_up) or (fp8_out and next_pow2(inter) > ROW_FP8_MAX):
+        out = silu_mul_ref(gate_up) if not use_kernel("silu_mul", gate_up) else silu_mul(gate_up)
+        return Fp8Rows.of(out) if fp8_out else out
     gu = as_rows(gate_up)
-    out = torch.empty(gu.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, next_pow2(inter))
+    out = torch.empty(gu.shape[0], inter, dtype=FP8_DTYPE if fp8_out else gate_up.dtype, device=gate_up.device)
+    scale = torch.empty(gu.shape[0], dtype=torch.float32, device=gate_up.device) if fp8_out else out
+    block = next_pow2(inter) if fp8_out else min(1024, next_pow2(inter))
     if gu.shape[0]:
-        _silu_mul_kernel[(gu.shape[0], -(-inter // block))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK=block)
-    return out.view(*gate_up.shape[:-1], inter)
+        _silu_mul_kernel[(gu.shape[0], -(-inter // block))](gu, out, scale, inter, gu.stride(0), out.stride(0),
+                                                           BLOCK=block, FP8=fp8_out,
+                                                           num_warps=8 if block > 4096 else 4)
+    lead = tuple(gate_up.shape[:-1])
+    return Fp8Rows(out.view(*lead, inter), scale.view(lead), gate_up.dtype) if fp8_out else out.view(*lead, inter)
 
 
 # ---------------------------------------------------------------------------------------------- embed + concat
@@ -320,19 +348,26 @@ def embed_concat_ref(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tenso
 
 
 @jit
-def _embed_concat_kernel(id_ptr, table_ptr, hid_ptr, out_ptr, E, H, s_table, s_hid, s_out, BLOCK: tl.constexpr):
+def _embed_concat_kernel(id_ptr, table_ptr, hid_ptr, out_ptr, s_ptr, E, H, s_table, s_hid, s_out,
+                         BLOCK: tl.constexpr, FP8: tl.constexpr):
     """One program per (row, block of output columns): columns below ``E`` from the token's embedding row, the
-    rest from the row of ``hidden``."""
+    rest from the row of ``hidden``; ``FP8`` (one block holds the row): the row rounded to float8, codes at
+    ``out``, scale at ``s``."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     token = tl.load(id_ptr + row)
     emb = tl.load(table_ptr + token * s_table + cols, mask=cols < E, other=0.0)
     hid = tl.load(hid_ptr + row * s_hid + (cols - E), mask=(cols >= E) & (cols < E + H), other=0.0)
-    val = tl.where(cols < E, emb.to(out_ptr.dtype.element_ty), hid.to(out_ptr.dtype.element_ty))
-    tl.store(out_ptr + row * s_out + cols, val, mask=cols < E + H)
+    if FP8:
+        val = tl.where(cols < E, emb.to(hid_ptr.dtype.element_ty), hid).to(tl.float32)
+        store_fp8_row(val, cols, cols < E + H, out_ptr + row * s_out, s_ptr + row)
+    else:
+        val = tl.where(cols < E, emb.to(out_ptr.dtype.element_ty), hid.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + row * s_out + cols, val, mask=cols < E + H)
 
 
-def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor, *,
+                 fp8_out: bool = False) -> torch.Tensor | Fp8Rows:
     """A draft head's input: each token's embedding followed by its conditioning hidden state, in one launch on
     CUDA (:func:`embed_concat_ref` elsewhere). EAGLE-1's ``fc`` reads it (``fc(cat(e(x), f))``).
 
@@ -340,21 +375,33 @@ def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor) -
         ids: Shape ``[...]`` int64, rows of ``table`` (``0 <= id < V``: not checked on the device).
         table: Shape ``[V, E]``, the embedding matrix (unit last stride).
         hidden: Shape ``[..., H]`` (same leading shape as ``ids``).
+        fp8_out: return the rows rounded to float8 (:class:`~specdec.kernels.fp8.Fp8Rows`, the codes of
+            ``quantize_fp8_rows(embed_concat(...))``) for a float8 ``fc``: one program per row then (``E + H`` up
+            to 16,384; wider rows take a second launch).
 
     Returns:
-        Shape ``[..., E + H]`` in ``hidden``'s dtype (no gradient: inference only).
+        Shape ``[..., E + H]`` in ``hidden``'s dtype (no gradient: inference only); an ``Fp8Rows`` of that shape
+        with ``fp8_out``.
     """
     if tuple(hidden.shape[:-1]) != tuple(ids.shape) or table.dim() != 2:
         raise ValueError(f"embed_concat: need ids [...], table [V, E] and hidden [..., H] with the ids' leading "
                          f"shape, got {tuple(ids.shape)}, {tuple(table.shape)} and {tuple(hidden.shape)}")
-    if table.stride(-1) != 1 or not use_kernel("embed_concat", ids, table, hidden):
-        return embed_concat_ref(ids, table, hidden)
     E, H = table.shape[1], hidden.shape[-1]
+    if table.stride(-1) != 1 or not use_kernel("embed_concat", ids, table, hidden) \
+            or (fp8_out and next_pow2(E + H) > ROW_FP8_MAX):
+        out = embed_concat_ref(ids, table, hidden) if table.stride(-1) != 1 or not use_kernel(
+            "embed_concat", ids, table, hidden) else embed_concat(ids, table, hidden)
+        return Fp8Rows.of(out) if fp8_out else out
     flat_ids = ids.reshape(-1)
     hid = as_rows(hidden)
-    out = torch.empty(hid.shape[0], E + H, dtype=hidden.dtype, device=hidden.device)
-    block = min(1024, next_pow2(E + H))
+    out = torch.empty(hid.shape[0], E + H, dtype=FP8_DTYPE if fp8_out else hidden.dtype, device=hidden.device)
+    scale = torch.empty(hid.shape[0], dtype=torch.float32, device=hidden.device) if fp8_out else out
+    block = next_pow2(E + H) if fp8_out else min(1024, next_pow2(E + H))
     if hid.shape[0]:
-        _embed_concat_kernel[(hid.shape[0], -(-(E + H) // block))](flat_ids, table, hid, out, E, H, table.stride(0),
-                                                                  hid.stride(0), out.stride(0), BLOCK=block)
+        _embed_concat_kernel[(hid.shape[0], -(-(E + H) // block))](flat_ids, table, hid, out, scale, E, H,
+                                                                  table.stride(0), hid.stride(0), out.stride(0),
+                                                                  BLOCK=block, FP8=fp8_out,
+                                                                  num_warps=8 if block > 4096 else 4)
+    if fp8_out:
+        return Fp8Rows(out.view(*ids.shape, E + H), scale.view(ids.shape), hidden.dtype)
     return out.view(*ids.shape, E + H)

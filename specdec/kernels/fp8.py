@@ -24,6 +24,8 @@ the product of the rounded values in float32. The kernels equal them up to the s
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ._dispatch import use_kernel
@@ -31,7 +33,8 @@ from ._triton import as_rows, jit, next_pow2, tl
 from .skinny import _skinny_reduce_kernel, skinny_accumulate, skinny_store  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
-           "linear_fp8", "linear_fp8_ref", "fp8_linear_config"]
+           "linear_fp8", "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
+           "store_fp8_row"]
 
 #: The float8 format: e4m3 without infinities (3 mantissa bits, largest finite 448).
 FP8_DTYPE = torch.float8_e4m3fn
@@ -84,6 +87,24 @@ def _round_e4m3(v):
 
 
 @jit
+def _row_scale(top, s_ptr):
+    """A row's float8 scale from its largest magnitude ``top``: ``top / 448`` stored at ``s_ptr`` (1 for an all-zero
+    row); returns the factor ``448 / top`` its entries are multiplied by before rounding."""
+    nonzero = top > 0
+    tl.store(s_ptr, tl.where(nonzero, tl.math.div_rn(top, tl.full((), 448.0, tl.float32)), 1.0))
+    return tl.where(nonzero, tl.math.div_rn(tl.full((), 448.0, tl.float32), tl.where(nonzero, top, 1.0)), 1.0)
+
+
+@jit
+def store_fp8_row(v, offs, inside, q_row_ptr, s_ptr):
+    """Row ``v`` (float32 in registers, zero outside ``inside``) rounded as :func:`quantize_fp8_rows` rounds it: the
+    codes stored at ``q_row_ptr + offs``, the scale at ``s_ptr``. For kernels that produce a row a float8 product
+    reads next (:class:`Fp8Rows`): the rounding then costs no launch of its own."""
+    inv = _row_scale(tl.max(tl.abs(v), axis=0), s_ptr)
+    tl.store(q_row_ptr + offs, _round_e4m3(v * inv).to(q_row_ptr.dtype.element_ty), mask=inside)
+
+
+@jit
 def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
     """Program ``m``: ``amax = max_k |x[m, k]|``, ``q[m] = round(x[m] * 448 / amax)``, ``s[m] = amax / 448``.
     ``ONE_PASS`` (``K <= BLOCK``): the row is read once and kept in registers; else read twice, ``BLOCK`` at a
@@ -92,19 +113,14 @@ def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr, O
     offs = tl.arange(0, BLOCK)
     if ONE_PASS:
         x_row = tl.load(x_ptr + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        top = tl.max(tl.abs(x_row), axis=0)
+        store_fp8_row(x_row, offs, offs < K, q_ptr + m * K, s_ptr + m)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, K, BLOCK):
             x = tl.load(x_ptr + m * stride_xm + start + offs, mask=start + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
         top = tl.max(amax, axis=0)
-    nonzero = top > 0
-    inv = tl.where(nonzero, tl.math.div_rn(tl.full((), 448.0, tl.float32), tl.where(nonzero, top, 1.0)), 1.0)
-    tl.store(s_ptr + m, tl.where(nonzero, tl.math.div_rn(top, tl.full((), 448.0, tl.float32)), 1.0))
-    if ONE_PASS:
-        tl.store(q_ptr + m * K + offs, _round_e4m3(x_row * inv).to(q_ptr.dtype.element_ty), mask=offs < K)
-    else:
+        inv = _row_scale(top, s_ptr + m)
         for start in range(0, K, BLOCK):
             k = start + offs
             x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
@@ -224,14 +240,19 @@ def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, K_PE
 
 def _linear_fp8_triton(x, w8, w_scale, bias, config=None) -> torch.Tensor:
     rows, n, k = _check_linear(x, w8, w_scale, bias)
-    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    q, x_scale = quantize_fp8_rows(as_rows(x)) if rows and n else (None, None)
+    return _fp8_product(q, x_scale, w8, w_scale, bias, x.dtype, rows, n, k, config).view(*x.shape[:-1], n)
+
+
+def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) -> torch.Tensor:
+    """``[rows, n]`` in ``dtype``: the float8 rows ``q [rows, k]`` (contiguous) times the weight, on the kernels."""
+    y = torch.empty(rows, n, dtype=dtype, device=w8.device)
     if rows and n:
         w8 = w8 if w8.stride(-1) == 1 else w8.contiguous()
-        q, x_scale = quantize_fp8_rows(as_rows(x))
         block_n, block_k, split, num_warps, num_stages = config or fp8_linear_config(rows, n, k)
         k_per = -(-k // (split * block_k)) * block_k
         block_m = min(_ROW_BLOCK, max(16, next_pow2(rows)))
-        target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=x.device)
+        target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=w8.device)
         b = bias if bias is not None else w_scale
         _linear_fp8_kernel[(-(-n // block_n), split, -(-rows // block_m))](
             q, x_scale, w8, w_scale, b, target, rows, n, k, k_per, w8.stride(0), rows * n if split > 1 else 0,
@@ -242,7 +263,7 @@ def _linear_fp8_triton(x, w8, w_scale, bias, config=None) -> torch.Tensor:
             _skinny_reduce_kernel[(-(-(rows * n) // 1024),)](
                 target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=1024, num_warps=4,
             )
-    return y.view(*x.shape[:-1], n)
+    return y
 
 
 def linear_fp8(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -270,3 +291,74 @@ def linear_fp8(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: t
     if not use_kernel("linear_fp8", x, w8):
         return linear_fp8_ref(x, w8, w_scale, bias)
     return _linear_fp8_triton(x, w8, w_scale, bias, config)
+
+
+class Fp8Rows(NamedTuple):
+    """Rows already rounded to float8 (as :func:`quantize_fp8_rows` rounds them), for :func:`linear_fp8_rows`: what
+    a kernel that produces the input of a float8 product may return instead of the rows themselves
+    (``add_rms_norm``, ``silu_mul``, ``embed_concat`` with ``fp8_out=True``), so the rounding costs no launch.
+
+    Attributes:
+        q: Shape ``[..., K]`` :data:`FP8_DTYPE`, contiguous.
+        scale: Shape ``[...]`` float32.
+        dtype: the dtype of the rows they were rounded from (the product's output dtype).
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> Fp8Rows:
+        """``x``'s rows rounded (:func:`quantize_fp8_rows`), ``x``'s dtype kept."""
+        return cls(*quantize_fp8_rows(x), x.dtype)
+
+
+def linear_fp8_rows_ref(rows: Fp8Rows, w8: torch.Tensor, w_scale: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference for :func:`linear_fp8_rows`, same arguments and result: the product of the rounded values in
+    float32, the bias added, cast to ``rows.dtype`` once (what :func:`linear_fp8_ref` does after rounding)."""
+    _check_fp8_rows(rows)
+    _check_linear(torch.empty(0, rows.q.shape[-1], dtype=rows.dtype), w8, w_scale, bias)
+    y = torch.matmul(rows.q.float(), w8.float().t()) * (rows.scale[..., None] * w_scale.float())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(rows.dtype)
+
+
+def linear_fp8_rows(rows: Fp8Rows, w8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
+                    config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """:func:`linear_fp8` on rows rounded already (``Fp8Rows``): the product's launch alone (the kernel on CUDA,
+    :func:`linear_fp8_rows_ref` elsewhere). ``linear_fp8(x, ...) == linear_fp8_rows(Fp8Rows.of(x), ...)``.
+
+    Args:
+        rows: :class:`Fp8Rows` of shape ``[..., K]``.
+        w8: Shape ``[N, K]`` :data:`FP8_DTYPE`.
+        w_scale: Shape ``[N]`` float32.
+        bias: Shape ``[N]`` or ``None``.
+        config: as :func:`linear_fp8`'s.
+
+    Returns:
+        Shape ``[..., N]`` in ``rows.dtype``.
+
+    Raises:
+        ValueError: mismatched shapes or dtypes, naming the argument.
+    """
+    _check_fp8_rows(rows)
+    k = rows.q.shape[-1]
+    _check_linear(torch.empty(0, k, dtype=rows.dtype, device=rows.q.device), w8, w_scale, bias)
+    n = w8.shape[0]
+    if not use_kernel("linear_fp8", rows.q, w8):
+        return linear_fp8_rows_ref(rows, w8, w_scale, bias)
+    q = rows.q.reshape(-1, k)
+    q = q if q.is_contiguous() else q.contiguous()
+    count = q.shape[0]
+    return _fp8_product(q, rows.scale.reshape(-1).contiguous(), w8, w_scale, bias, rows.dtype, count, n, k,
+                        config).view(*rows.q.shape[:-1], n)
+
+
+def _check_fp8_rows(rows) -> None:
+    if not isinstance(rows, Fp8Rows) or rows.q.dtype != FP8_DTYPE or rows.q.dim() < 1 \
+            or rows.scale.dtype != torch.float32 or tuple(rows.scale.shape) != tuple(rows.q.shape[:-1]):
+        raise ValueError("linear_fp8_rows: rows must be Fp8Rows(q [..., K] float8_e4m3fn, scale [...] float32, dtype) "
+                         "as Fp8Rows.of(x) or a kernel's fp8_out=True makes them")

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels._dispatch import get_kernel_mode
-from ..kernels.fp8 import FP8_DTYPE, linear_fp8
+from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8, linear_fp8_rows
 from ..kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, linear_skinny
 from .fp8 import Fp8Linear, Fp8Weight
 
@@ -68,20 +68,30 @@ def use_skinny_linear(max_rows: int) -> int:
     return previous
 
 
-def inference_linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight,
+def inference_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor | Fp8Weight,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; on the fused inference path, for 2 to :func:`use_skinny_linear`'s rows,
     :func:`specdec.kernels.linear_skinny` (one streaming pass over ``weight`` on tensor cores). A float8 weight
-    (:class:`~specdec.nn.fp8.Fp8Weight`) runs :func:`specdec.kernels.linear_fp8` whatever the rows.
+    (:class:`~specdec.nn.fp8.Fp8Weight`) runs :func:`specdec.kernels.linear_fp8` whatever the rows, or
+    :func:`specdec.kernels.linear_fp8_rows` when ``x`` comes rounded already (``Fp8Rows``, from a kernel's
+    ``fp8_out``).
 
     Args:
-        x: Shape ``[..., K]``.
+        x: Shape ``[..., K]``, or :class:`~specdec.kernels.fp8.Fp8Rows` of that shape (with a float8 weight).
         weight: Shape ``[N, K]``, or an :class:`~specdec.nn.fp8.Fp8Weight` of that shape.
         bias: Shape ``[N]`` or ``None``.
 
     Returns:
         Shape ``[..., N]``.
+
+    Raises:
+        ValueError: ``Fp8Rows`` with a weight that is not float8.
     """
+    if isinstance(x, Fp8Rows):
+        if not isinstance(weight, Fp8Weight):
+            raise ValueError("inference_linear: rows rounded to float8 (Fp8Rows) need a float8 weight (Fp8Weight); "
+                             "ask the producing kernel for fp8_out only when its consumer is float8")
+        return linear_fp8_rows(x, weight.w8, weight.scale, None if bias is None else bias.to(x.dtype))
     if isinstance(weight, Fp8Weight):
         return linear_fp8(x, weight.w8, weight.scale, None if bias is None else bias.to(x.dtype))
     rows = x.numel() // max(x.shape[-1], 1)

@@ -32,7 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.decoder_ops import add_rms_norm, silu_mul
+from ..kernels.fp8 import Fp8Rows
 from .attention import AttendFn, Attention
+from .fp8 import Fp8Linear
 from .inference import apply_linear, fused_inference, fused_linear, inference_linear
 from .linear import zero_linear
 
@@ -98,18 +100,21 @@ class RMSNorm(nn.Module):
             return add_rms_norm(x, None, self.weight, self.eps)[1]
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor, *,
+                    fp8_out: bool = False) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
         """``(h, norm(h))`` with ``h = residual + x``: one launch on the fused inference path.
 
         Args:
             x: Shape ``[..., size]``.
             residual: Shape ``[..., size]``.
+            fp8_out: the consumer is float8 (:attr:`SwiGLU.fp8_input`): on the fused inference path ``normed``
+                comes rounded to float8 by the same launch (:class:`~specdec.kernels.fp8.Fp8Rows`).
 
         Returns:
             ``(h, normed)``, each of ``x``'s shape.
         """
         if fused_inference(x) and x.dtype == residual.dtype == self.weight.dtype:
-            return add_rms_norm(residual, x, self.weight, self.eps)
+            return add_rms_norm(residual, x, self.weight, self.eps, fp8_out=fp8_out)
         h = residual + x
         return h, self.forward(h)
 
@@ -131,18 +136,26 @@ class SwiGLU(nn.Module):
         self.up_proj = zero_linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = zero_linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def fp8_input(self) -> bool:
+        """Whether ``[gate; up]`` is float8 (:func:`~specdec.nn.fp8.quantize_fp8_`), so that the MLP's input may come
+        rounded already (:meth:`RMSNorm.add_forward`'s ``fp8_out``)."""
+        return isinstance(self.gate_proj, Fp8Linear) and isinstance(self.up_proj, Fp8Linear)
+
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         """Apply the MLP.
 
         Args:
-            x: Shape ``[..., H]``.
+            x: Shape ``[..., H]`` (or, on the fused inference path of a float8 MLP, those rows rounded to float8:
+                :class:`~specdec.kernels.fp8.Fp8Rows`).
 
         Returns:
             Shape ``[..., H]``.
         """
-        if fused_inference(x):
+        if isinstance(x, Fp8Rows) or fused_inference(x):  # a float8 down_proj reads SiLU-mul's rows rounded by it
             weight, bias = fused_linear(self, ("gate_proj", "up_proj"))
-            return apply_linear(self.down_proj, silu_mul(inference_linear(x, weight, bias)))
+            act = silu_mul(inference_linear(x, weight, bias), fp8_out=isinstance(self.down_proj, Fp8Linear))
+            return apply_linear(self.down_proj, act)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -195,7 +208,8 @@ class DecoderLayer(nn.Module):
             Shape ``[B, T, H]``.
         """
         x, residual = self.attention_input(hidden, embeds)
-        hidden, normed = self.post_attention_layernorm.add_forward(self.self_attn(x, cos, sin, attend), residual)
+        hidden, normed = self.post_attention_layernorm.add_forward(self.self_attn(x, cos, sin, attend), residual,
+                                                                   fp8_out=self.mlp.fp8_input)
         return hidden + self.mlp(normed)
 
 
