@@ -22,6 +22,7 @@ op                                          replaces                            
 :func:`linear_skinny`                       ``F.linear`` of 2-64 rows on tensor cores   1 (2 with ``K`` split)
 :func:`linear_fp8`                          a draft head's linear on float8 weights   2 (3 with ``K`` split)
 :func:`quantize_fp8_rows`                   rows rounded to float8, one scale each    1
+:func:`linear_fp8_rows`                     ``linear_fp8`` on rows rounded already    1 (2 with ``K`` split)
 :func:`decode_attention`                    SDPA of one query per row (decode step)   2
 :func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
@@ -75,10 +76,13 @@ from .emit import (
 from .fp8 import (
                         FP8_DTYPE,
                         FP8_MAX,
+                        Fp8Rows,
                         dequantize_fp8,
                         fp8_linear_config,
                         linear_fp8,
                         linear_fp8_ref,
+                        linear_fp8_rows,
+                        linear_fp8_rows_ref,
                         quantize_fp8_rows,
                         quantize_fp8_rows_ref,
 )
@@ -89,10 +93,12 @@ from .skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny, linear_
 from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, log_softmax_topk, log_softmax_topk_ref, topk_rows, topk_rows_ref
 from .tree_attention import (
                         TREE_ATTENTION_MAX_M,
+                        TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS,
                         tree_attention,
                         tree_attention_launch,
                         tree_attention_plan,
                         tree_attention_ref,
+                        tree_attention_shares_prefix,
                         tree_attention_split,
 )
 from .tree_mask import (
@@ -135,9 +141,9 @@ __all__ = [
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref",
     "FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8", "linear_fp8",
-    "linear_fp8_ref", "fp8_linear_config",
-    "TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan", "tree_attention_ref",
-    "tree_attention_split",
+    "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
+    "TREE_ATTENTION_MAX_M", "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", "tree_attention", "tree_attention_launch",
+    "tree_attention_plan", "tree_attention_ref", "tree_attention_shares_prefix", "tree_attention_split",
     "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk", "log_softmax_topk_ref",
     "TreeCandidates", "TreeFrontier", "new_candidates", "dynamic_tree_level", "dynamic_tree_level_ref",
     "rerank_candidates", "rerank_candidates_ref",
