@@ -439,6 +439,13 @@ class FusedDecoder:
         """
         return self._forward(tokens, positions, mask, slots, cache, feature_layers, prefix_end=prefix_end)
 
+    def reads_prefix_end(self, batch: int, tokens: int, masked: bool = True) -> bool:
+        """Whether a forward of ``tokens`` per row over ``batch`` rows (under a mask) hands ``prefix_end`` to its tree
+        attention (:func:`~specdec.kernels.tree_attention.tree_attention_shares_prefix`): the static adapter writes
+        the bound only then."""
+        return (masked and 1 < tokens <= TREE_ATTENTION_MAX_M and self.tree_attention
+                and tree_attention_shares_prefix(batch * self.heads, tokens))
+
     def _forward(self, tokens, *args, **kwargs):
         """:meth:`_layers`, on CUDA with masked attention on :func:`~specdec.nn.masked_sdpa_backends`."""
         if tokens.is_cuda:
@@ -459,9 +466,7 @@ class FusedDecoder:
         kv_end = None
         if mask is not None and 1 < M <= TREE_ATTENTION_MAX_M and self.tree_attention:
             kv_end = slots.amax(0, keepdim=True) + 1
-            if not tree_attention_shares_prefix(B * nh, M):
-                prefix_end = None
-        else:
+        if not self.reads_prefix_end(B, M, mask is not None):
             prefix_end = None
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}

@@ -66,7 +66,7 @@ from torch import nn
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .fused import FusedDecoder, decode_settings, fused_support
 from .graphs import BoundMark, CapturedStep, _spec, capture_graph, capture_graph_ref, mark_bound, settle_bound
-from .kernels import KVCompactPlan, tree_attention_shares_prefix, tree_mask
+from .kernels import KVCompactPlan, tree_mask
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
@@ -747,7 +747,7 @@ class StaticAdapter:
         end = start + size
         tree_mask(state.committed_valid, all_parents, present, buf.dtype, out=mask_s[:, :, :, :end])
         fused = self._store.fused
-        if fused is not None and fused.tree_attention and tree_attention_shares_prefix(B * fused.heads, size):
+        if fused is not None and fused.reads_prefix_end(B, size):
             buf.prefix_end.fill_(Lc)  # read by the fused decoder's tree attention only then (see _model_fn)
         # Columns past `end` must hide their (free) slots; they were written only by an earlier, wider forward.
         high = buf.high_water.get(mark, 0) if runner is not None else 0

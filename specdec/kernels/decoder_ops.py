@@ -25,9 +25,8 @@ import torch.nn.functional as F
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, tl
+from .fp8 import _ONE_PASS_MAX as ROW_FP8_MAX  # the widest row rounded to float8 from one program's registers
 from .fp8 import FP8_DTYPE, Fp8Rows, store_fp8_row
-
-ROW_FP8_MAX = 16384  # the widest row a kernel rounds to float8 from its own registers (fp8_out)
 
 __all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
            "embed_concat", "embed_concat_ref"]
@@ -316,8 +315,9 @@ def silu_mul(gate_up: torch.Tensor, *, fp8_out: bool = False) -> torch.Tensor | 
     if gate_up.shape[-1] % 2:
         raise ValueError(f"silu_mul: the last dim must be 2 I (gate then up), got {gate_up.shape[-1]}")
     inter = gate_up.shape[-1] // 2
-    if not use_kernel("silu_mul", gate_up) or (fp8_out and next_pow2(inter) > ROW_FP8_MAX):
-        out = silu_mul_ref(gate_up) if not use_kernel("silu_mul", gate_up) else silu_mul(gate_up)
+    kernel = use_kernel("silu_mul", gate_up)
+    if not kernel or (fp8_out and next_pow2(inter) > ROW_FP8_MAX):  # a row too wide: the rounding's own launch
+        out = silu_mul(gate_up) if kernel else silu_mul_ref(gate_up)
         return Fp8Rows.of(out) if fp8_out else out
     gu = as_rows(gate_up)
     out = torch.empty(gu.shape[0], inter, dtype=FP8_DTYPE if fp8_out else gate_up.dtype, device=gate_up.device)
@@ -387,10 +387,9 @@ def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor, *
         raise ValueError(f"embed_concat: need ids [...], table [V, E] and hidden [..., H] with the ids' leading "
                          f"shape, got {tuple(ids.shape)}, {tuple(table.shape)} and {tuple(hidden.shape)}")
     E, H = table.shape[1], hidden.shape[-1]
-    if table.stride(-1) != 1 or not use_kernel("embed_concat", ids, table, hidden) \
-            or (fp8_out and next_pow2(E + H) > ROW_FP8_MAX):
-        out = embed_concat_ref(ids, table, hidden) if table.stride(-1) != 1 or not use_kernel(
-            "embed_concat", ids, table, hidden) else embed_concat(ids, table, hidden)
+    kernel = table.stride(-1) == 1 and use_kernel("embed_concat", ids, table, hidden)
+    if not kernel or (fp8_out and next_pow2(E + H) > ROW_FP8_MAX):  # a row too wide: the rounding's own launch
+        out = embed_concat(ids, table, hidden) if kernel else embed_concat_ref(ids, table, hidden)
         return Fp8Rows.of(out) if fp8_out else out
     flat_ids = ids.reshape(-1)
     hid = as_rows(hidden)

@@ -199,11 +199,7 @@ def linear_fp8_ref(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
     """Reference for :func:`linear_fp8`, same arguments and shapes: the rows rounded by
     :func:`quantize_fp8_rows_ref`, the rounded product in float32, the bias added, cast to ``x``'s dtype once."""
     _check_linear(x, w8, w_scale, bias)
-    q, x_scale = quantize_fp8_rows_ref(x)
-    y = torch.matmul(q.float(), w8.float().t()) * (x_scale[..., None] * w_scale.float())
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype)
+    return linear_fp8_rows_ref(Fp8Rows(*quantize_fp8_rows_ref(x), x.dtype), w8, w_scale, bias)
 
 
 def fp8_linear_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
@@ -266,15 +262,16 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
     return y
 
 
-def linear_fp8(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
-               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+def linear_fp8(x: torch.Tensor | Fp8Rows, w8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+               *, config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """``x @ (w8 * w_scale)^T + bias`` with ``x``'s rows rounded to float8 (:func:`quantize_fp8_rows`), on float8
     tensor cores (the Triton kernels on CUDA; :func:`linear_fp8_ref` elsewhere). Not ``F.linear``'s result: both
     operands are rounded (for a drafter's weights; see the module).
 
     Args:
         x: Shape ``[..., K]`` bfloat16 / float16 / float32 (any number of rows; a forward of up to 64 rows reads
-            ``w8`` once, more rows once per 64).
+            ``w8`` once, more rows once per 64), or those rows rounded already (:class:`Fp8Rows`: the product
+            alone, :func:`linear_fp8_rows`).
         w8: Shape ``[N, K]`` :data:`FP8_DTYPE` (``quantize_fp8_rows(weight)[0]``).
         w_scale: Shape ``[N]`` float32 (``quantize_fp8_rows(weight)[1]``).
         bias: Shape ``[N]`` or ``None`` (added in float32).
@@ -287,6 +284,8 @@ def linear_fp8(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: t
     Raises:
         ValueError: mismatched shapes or dtypes, naming the argument.
     """
+    if isinstance(x, Fp8Rows):
+        return linear_fp8_rows(x, w8, w_scale, bias, config=config)
     _check_linear(x, w8, w_scale, bias)
     if not use_kernel("linear_fp8", x, w8):
         return linear_fp8_ref(x, w8, w_scale, bias)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8, linear_fp8_rows, quantize_fp8_rows
+from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8, quantize_fp8_rows
 
 __all__ = ["Fp8Weight", "Fp8Linear", "quantize_fp8_"]
 
@@ -88,10 +88,7 @@ class Fp8Linear(nn.Module):
         """Shape ``[..., in_features]`` -> ``[..., out_features]``, in ``x``'s dtype; ``x`` may come rounded
         already (:class:`~specdec.kernels.fp8.Fp8Rows`: the product alone, :func:`specdec.kernels.linear_fp8_rows`)."""
         w = self.fp8_weight
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        if isinstance(x, Fp8Rows):
-            return linear_fp8_rows(x, w.w8, w.scale, bias)
-        return linear_fp8(x, w.w8, w.scale, bias)
+        return linear_fp8(x, w.w8, w.scale, None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels._dispatch import get_kernel_mode
-from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8, linear_fp8_rows
+from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8
 from ..kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, linear_skinny
 from .fp8 import Fp8Linear, Fp8Weight
 
@@ -87,12 +87,10 @@ def inference_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor | Fp8Weight
     Raises:
         ValueError: ``Fp8Rows`` with a weight that is not float8.
     """
-    if isinstance(x, Fp8Rows):
-        if not isinstance(weight, Fp8Weight):
-            raise ValueError("inference_linear: rows rounded to float8 (Fp8Rows) need a float8 weight (Fp8Weight); "
-                             "ask the producing kernel for fp8_out only when its consumer is float8")
-        return linear_fp8_rows(x, weight.w8, weight.scale, None if bias is None else bias.to(x.dtype))
-    if isinstance(weight, Fp8Weight):
+    if isinstance(x, Fp8Rows) and not isinstance(weight, Fp8Weight):
+        raise ValueError("inference_linear: rows rounded to float8 (Fp8Rows) need a float8 weight (Fp8Weight); "
+                         "ask the producing kernel for fp8_out only when its consumer is float8")
+    if isinstance(weight, Fp8Weight):  # rows as they are, or rounded already (Fp8Rows)
         return linear_fp8(x, weight.w8, weight.scale, None if bias is None else bias.to(x.dtype))
     rows = x.numel() // max(x.shape[-1], 1)
     if SKINNY_MIN_ROWS <= rows <= _SKINNY_ROWS[0] and fused_inference(x):
