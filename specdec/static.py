@@ -297,6 +297,10 @@ class StaticCacheState(NamedTuple):
             ends at ``Lc``.
         mark: after a late commit, a copy of ``ends`` on its way to the host (:func:`~specdec.graphs.mark_bound`,
             one at a time), which lets a later forward lower ``Lc`` back to the true longest row without a host sync.
+        dense: every row's valid committed slots are exactly its first ``ends[b]`` (``Lc`` while ``ends`` is
+            ``None``): no padding, no holes. A prompt without padding starts dense and late commits keep it so; a
+            commit at ``Lc`` or a plain step after a late commit may leave holes and end it. The fused decoder's
+            tree attention then reads no mask for those slots (``visible_end``).
     """
 
     valid: torch.Tensor
@@ -307,6 +311,7 @@ class StaticCacheState(NamedTuple):
     ticket: _Ticket | None = None
     ends: torch.Tensor | None = None
     mark: BoundMark | None = None
+    dense: bool = False
 
     @property
     def committed_valid(self) -> torch.Tensor:
@@ -492,7 +497,8 @@ class StaticAdapter:
         buf = self._store.buffers
         if buf is None:
             return []
-        return sorted(set(buf.runners) | ({1} if buf.plain.runner is not None else set()))
+        sizes = {key if isinstance(key, int) else key[1] for key in buf.runners}  # ("commit", size, ...) keys too
+        return sorted(sizes | ({1} if buf.plain.runner is not None else set()))
 
     def check_positions(self, max_position: int) -> None:
         """Raise a clear error if ``max_position`` is past what the model supports."""
@@ -565,16 +571,19 @@ class StaticAdapter:
         CUDA the counters live with the buffers, which later calls share (:func:`held_graphs`)."""
         return dict(self._store.counts)
 
-    def _model_fn(self, buf: _Buffers) -> Callable:
+    def _model_fn(self, buf: _Buffers, visible: bool = False) -> Callable:
         """``run(tokens, positions, mask, slots) -> (logits, features)``: one forward writing at ``slots``, through
         the fused decoder or HF's modules. The fused decoder also reads ``buf.prefix_end``, the committed slots'
         count (:meth:`_bucket_inputs` writes it): every tree node sees them alike (a padding node, hidden from them
         by the mask, is not read), so its tree attention may read one mask row there (``prefix_end`` of
-        :func:`specdec.kernels.tree_attention`)."""
+        :func:`specdec.kernels.tree_attention`). ``visible`` (a dense state, :attr:`StaticCacheState.dense`): it
+        reads ``buf.ends`` instead, each row's end, below which every slot is seen (``visible_end``: no mask
+        read there)."""
         fused, layers, cache = self._store.fused, self.feature_layers, buf.cache
         if fused is not None:
+            bound = dict(visible_end=buf.ends) if visible else dict(prefix_end=buf.prefix_end)
             return lambda tokens, positions, mask, slots: fused(tokens, positions, mask, slots, cache.layers, layers,
-                                                                prefix_end=buf.prefix_end)
+                                                                **bound)
 
         def run(tokens, positions, mask, slots):
             cache.slots = slots
@@ -645,6 +654,7 @@ class StaticAdapter:
                 static.keys[:, :, :T].copy_(layer.keys)
                 static.values[:, :, :T].copy_(layer.values)
             valid, lengths = dyn.committed_valid, dyn.lengths
+            all_valid = False  # HF's modules read no bound: density is not tracked
         buf.valid[:, :T].copy_(valid)
         # Held buffers carry the last run's marks past T: late commits rely on every slot past a row's end being
         # invalid (a row behind the longest one would see the old run's keys), so clear them.
@@ -652,7 +662,8 @@ class StaticAdapter:
         buf.plain.at = None  # the committed slots changed: the plain mask row is rebuilt at the next plain step
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
         return out, StaticCacheState(valid=buf.valid, committed=T, lengths=lengths, pending_parents=empty,
-                                     pending_present=empty.bool(), ticket=self._issue())
+                                     pending_present=empty.bool(), ticket=self._issue(),
+                                     dense=bool(self.fused) and all_valid)
 
     def _fused_prefill(self, buf: _Buffers, tokens: torch.Tensor, valid: torch.Tensor, all_valid: bool,
                        last_only: bool):
@@ -706,18 +717,27 @@ class StaticAdapter:
         M = tokens.shape[1]
         size = bucket_for(M, self.buckets)
         self._check_room(state, size, M)
-        (logits, feats), all_parents = self._bucket_step(buf, state, size, size, (tokens, parents, positions, present),
-                                                         (), lambda: self._model_fn(buf), self._capture_fn())
+        visible = self._visible(state, size)
+        (logits, feats), all_parents = self._bucket_step(
+            buf, state, ("visible", size) if visible else size, size, (tokens, parents, positions, present), (),
+            lambda: self._model_fn(buf, visible), self._capture_fn(), visible)
         logits, feats = logits.clone(), tuple(f.clone() for f in feats)  # the next replay overwrites them
         if size > M:
             logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
         return ForwardOutput(logits=logits, features=tuple(feats)), all_parents
 
+    def _visible(self, state: StaticCacheState, size: int) -> bool:
+        """Whether a bucket forward of ``size`` nodes reads no mask for the committed slots (``visible_end``): a
+        dense state (:attr:`StaticCacheState.dense`) on the fused decoder where it passes a bound at all."""
+        fused = self._store.fused
+        return state.dense and fused is not None and fused.reads_prefix_end(state.valid.shape[0], size)
+
     def _bucket_inputs(self, buf: _Buffers, state: StaticCacheState, tokens, parents, positions, present,
-                       size: int, runner: CapturedStep | None, mark) -> tuple[tuple, torch.Tensor]:
+                       size: int, runner: CapturedStep | None, mark, visible: bool) -> tuple[tuple, torch.Tensor]:
         """Write a bucket forward's inputs (``runner``'s static ones, or new tensors without a runner): the tokens and
         positions (padding after them), the tree mask over the valid committed slots and the pending nodes, the
-        write slots. ``mark``: the key of ``buf.high_water`` of these mask columns. Returns ``(inputs,
+        write slots, and the bound the fused decoder reads (``buf.ends`` where ``visible``, else
+        ``buf.prefix_end``). ``mark``: the key of ``buf.high_water`` of these mask columns. Returns ``(inputs,
         all_parents)``, ``all_parents`` ``[B, P + size]``."""
         B, M = tokens.shape
         P, Lc = state.num_pending, state.committed
@@ -747,7 +767,9 @@ class StaticAdapter:
         end = start + size
         tree_mask(state.committed_valid, all_parents, present, buf.dtype, out=mask_s[:, :, :, :end])
         fused = self._store.fused
-        if fused is not None and fused.reads_prefix_end(B, size):
+        if visible:
+            self._late_ends(buf, state)  # each row's end (Lc for all until a late commit set them): see _model_fn
+        elif fused is not None and fused.reads_prefix_end(B, size):
             buf.prefix_end.fill_(Lc)  # read by the fused decoder's tree attention only then (see _model_fn)
         # Columns past `end` must hide their (free) slots; they were written only by an earlier, wider forward.
         high = buf.high_water.get(mark, 0) if runner is not None else 0
@@ -875,10 +897,11 @@ class StaticAdapter:
         state = self._tightened(state, size)
         self._check_room(state, size, M)
         self._late_ends(buf, state)  # the captured step moves each row's path to its end
+        visible = self._visible(state, size)
         (outputs, keep, counts), _ = self._bucket_step(
-            buf, state, ("commit", size, M, key, _spec(extra)), size, (tokens, parents, positions, present), extra,
-            lambda: self._commit_fn(buf, size, M, decide),
-            lambda step, inputs: self._capture_committing(buf, step, inputs))
+            buf, state, ("commit", size, M, key, _spec(extra), visible), size, (tokens, parents, positions, present),
+            extra, lambda: self._commit_fn(buf, size, M, decide, visible),
+            lambda step, inputs: self._capture_committing(buf, step, inputs), visible)
         return outputs, self._late_committed(buf, state, keep.shape[1], counts)
 
     @torch.no_grad()
@@ -926,11 +949,12 @@ class StaticAdapter:
         P = state.num_pending
         root_index = root_index.long()
         capture = self._capture_fn()
+        visible = self._visible(state, size)
         drafts, all_parents = self._bucket_step(
-            buf, state, ("chain", size, M, num_levels, vocab_size), size, (tokens, parents, positions, present),
-            (root_index, positions.gather(1, root_index[:, None])[:, 0]),
-            lambda: self._chain_fn(buf, M, num_levels, vocab_size),
-            getattr(capture, "capture", capture))  # under compile, _chain_fn compiled the forwards
+            buf, state, ("chain", size, M, num_levels, vocab_size, visible), size,
+            (tokens, parents, positions, present), (root_index, positions.gather(1, root_index[:, None])[:, 0]),
+            lambda: self._chain_fn(buf, M, num_levels, vocab_size, visible),
+            getattr(capture, "capture", capture), visible)  # under compile, _chain_fn compiled the forwards
         drafts = drafts.clone()  # the captured step's own tensor: the next replay overwrites it
         if num_levels > 1:  # level 1 hangs from the root, each next level from the one before
             level_parents = torch.cat([(P + root_index)[:, None], P + M + torch.arange(
@@ -943,12 +967,13 @@ class StaticAdapter:
                                       pending_present=pending_present, ticket=self._issue())
 
     def _bucket_step(self, buf: _Buffers, state: StaticCacheState, graph_key, size: int, nodes: tuple, extra: tuple,
-                     make_step: Callable[[], Callable], capture: Callable[..., CapturedStep]):
+                     make_step: Callable[[], Callable], capture: Callable[..., CapturedStep], visible: bool):
         """Write a bucket forward's inputs for ``nodes`` (``tokens, parents, positions, present``), then run the
         step captured under ``graph_key`` on them and ``extra`` (``make_step()`` captured by ``capture`` at its
-        first call; run eagerly past the largest bucket). Returns ``(the step's outputs, all_parents)``."""
+        first call; run eagerly past the largest bucket); ``visible``: its forward reads the rows' ends (see
+        :meth:`_model_fn`), a key of its own. Returns ``(the step's outputs, all_parents)``."""
         runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
-        inputs, all_parents = self._bucket_inputs(buf, state, *nodes, size, runner, graph_key)
+        inputs, all_parents = self._bucket_inputs(buf, state, *nodes, size, runner, graph_key, visible)
         if runner is not None:
             for static, new in zip(runner.inputs[4:], extra):
                 static.copy_(new)
@@ -961,9 +986,9 @@ class StaticAdapter:
         buf.high_water[graph_key] = state.committed + state.num_pending + size
         return out, all_parents
 
-    def _chain_fn(self, buf: _Buffers, M: int, num_levels: int, vocab: int | None) -> Callable:
+    def _chain_fn(self, buf: _Buffers, M: int, num_levels: int, vocab: int | None, visible: bool) -> Callable:
         """The function :meth:`forward_chain` captures: the bucket forward, then the greedy one-token levels."""
-        model = self._model_fn(buf)
+        model = self._model_fn(buf, visible)
         compile_fn = getattr(self._capture_fn(), "compile_fn", None)
         if compile_fn is not None:
             model = compile_fn(model)
@@ -987,9 +1012,9 @@ class StaticAdapter:
             return torch.stack(drafts, 1)
         return run
 
-    def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable) -> Callable:
+    def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable, visible: bool) -> Callable:
         """The function :meth:`forward_commit` captures: forward, ``decide``, then the moves to the rows' ends."""
-        model = self._model_fn(buf)
+        model = self._model_fn(buf, visible)
         compile_fn = getattr(self._capture_fn(), "compile_fn", None)
         if compile_fn is not None:  # compile the forward alone: the kernels after it run as they are
             model = compile_fn(model)
@@ -1073,9 +1098,9 @@ class StaticAdapter:
             out, _ = self._run_bucket(buf, state, tokens[:, None], root, state.lengths[:, None], root < 0)
             buf.valid[:, Lc] = True
             next_tokens = out.logits[:, -1].argmax(-1)
-        # Every row now ends at Lc + 1 (a row that ended earlier keeps a hole, hidden by `valid`).
+        # Every row now ends at Lc + 1 (a row that ended earlier keeps a hole, hidden by `valid`: no longer dense).
         return out, state._replace(committed=Lc + 1, lengths=state.lengths + 1, ticket=self._issue(), ends=None,
-                                   mark=None), next_tokens
+                                   mark=None, dense=state.dense and state.ends is None), next_tokens
 
     @staticmethod
     def _tightened(state: StaticCacheState, size: int) -> StaticCacheState:
@@ -1132,6 +1157,7 @@ class StaticAdapter:
                 columns = torch.arange(A, device=keep.device)[None, :]
             torch.lt(columns, counts[:, None], out=buf.valid[:, Lc:Lc + A])
             buf.plain.at = None  # new committed slots (holes included): the plain mask row is rebuilt
+            state = state._replace(dense=False)  # a row keeping fewer than A slots has a hole before Lc + A
         return self._committed(buf, state, A, counts, ends=None, mark=None)
 
     def _commit_late(self, buf: _Buffers, state: StaticCacheState, keep: torch.Tensor,

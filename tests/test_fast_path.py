@@ -258,6 +258,67 @@ def test_verify_forwards_read_the_committed_prefix_as_one_mask_row_and_decode_th
     assert any(p is not None for p in calls)  # the fused decoder's verify forwards passed it
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["draft_model_tree", "eagle2"])
+def test_dense_rows_show_their_committed_slots_without_a_mask_and_decode_the_same(name, device, monkeypatch):
+    """Prompts without padding stay dense under late commits: the static adapter hands tree attention each row's
+    end as visible_end (no mask read below it; here at any width), rows ending apart; greedy decoding stays
+    token-identical to the eager path. Ragged prompts never pass it."""
+    import specdec.fused as fused
+
+    ta = sys.modules["specdec.kernels.tree_attention"]
+    calls = []
+    real = fused.tree_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("prefix_end") is not None, kwargs.get("visible_end") is not None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ta, "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", 1)
+    monkeypatch.setattr(fused, "tree_attention", spy)
+    model = tiny_model("llama", scale=3.0).to(device)
+    drafter = _drafter(name, model)
+    ids, mask = _prompts(3, device)
+    dense_ids = ids[:, -4:].contiguous()  # every row's last 4 tokens are real: no padding
+    eager = generate(model, dense_ids, drafter=drafter, max_new_tokens=16, eos_token_id=[])
+    fast = generate(model, dense_ids, drafter=drafter, max_new_tokens=16, eos_token_id=[], fast=True)
+    assert torch.equal(eager.sequences, fast.sequences)
+    assert (False, True) in calls and (True, False) not in calls  # every verify forward read the rows' ends
+    calls.clear()
+    eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[])
+    fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[], fast=True)
+    assert torch.equal(eager.sequences, fast.sequences)
+    assert (True, False) in calls and (False, True) not in calls  # padded: one mask row, never visible_end
+
+
+def test_a_state_is_dense_until_padding_a_commit_at_lc_or_a_plain_step_after_a_late_commit():
+    """StaticCacheState.dense: a prompt without padding starts dense; late commits keep it; a plain step after a
+    late commit (rows ending before Lc keep a hole), an eager commit of A > 0 slots, or padded prompts end it."""
+    model = tiny_model("llama")
+    ids, mask = _prompts(3)
+    fast = StaticAdapter(model, (0, 2), capacity=capacity_for(ids.shape[1], 40, 64))
+    assert not fast.prefill(ids, mask)[1].dense
+    _, st = fast.prefill(ids[:, -4:].contiguous())
+    assert st.dense
+    roots = torch.tensor([1, 2, 3])
+    _, st = fast.decode(st, roots)
+    assert st.dense  # every row ended at Lc: the plain step writes at each row's end
+    parents = torch.tensor([[-1, 0, 1]] * 3)
+    tokens, positions, present = _tree_inputs(st, parents, 0)
+    _, st = fast.forward(st, tokens, parents, positions, present)
+    keep, counts = torch.tensor([[0, 1, 2], [0, -1, -1], [0, 1, -1]]), torch.tensor([3, 1, 2])
+    st = fast.commit(st, keep, counts, late=True)
+    assert st.dense and st.ends is not None
+    _, st = fast.forward(st, tokens, parents, positions + 3, present)
+    st = fast.commit(st, keep, counts)  # at Lc: rows keeping fewer than 3 leave holes
+    assert not st.dense
+    _, st = fast.prefill(ids[:, -4:].contiguous())
+    _, st = fast.forward(st, tokens, parents, positions, present)
+    st = fast.commit(st, keep, counts, late=True)
+    _, st = fast.decode(st, roots)
+    assert not st.dense  # rows 1 and 2 ended before Lc: the plain token leaves a hole before it
+
+
 def test_fast_takes_false_true_graphs_or_compile_and_names_them_on_anything_else():
     model = tiny_model("llama", scale=3.0)
     ids, mask = _prompts(2)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import get_kernel_mode, triton_available, use_kernel
-from ._triton import INTERPRETED, jit, next_pow2, tl
+from ._triton import INTERPRETED, jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan",
            "tree_attention_ref", "tree_attention_split"]
@@ -85,7 +85,8 @@ def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                        scale: float | None = None, *, kv_end: torch.Tensor | None = None,
-                       prefix_end: torch.Tensor | None = None) -> torch.Tensor:
+                       prefix_end: torch.Tensor | None = None,
+                       visible_end: torch.Tensor | None = None) -> torch.Tensor:
     """Reference for :func:`tree_attention`: ``F.scaled_dot_product_attention`` under the additive mask.
 
     Args:
@@ -97,15 +98,16 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
         kv_end: Shape ``[B]`` or ``[1]`` integer: keys at or past ``kv_end[b]`` hidden too.
         prefix_end: Shape ``[B]`` or ``[1]`` integer: keys below ``prefix_end[b]`` masked for every query as for
             query 0 (:func:`tree_attention`).
+        visible_end: Shape ``[B]`` or ``[1]`` integer: keys below ``visible_end[b]`` seen by every query, whatever
+            the mask says there (:func:`tree_attention`).
 
     Returns:
         Shape ``[B, H, M, d]`` in ``q``'s dtype.
     """
     check_inputs("tree_attention", q, k, v, mask)
-    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end)):
-        if bound is not None:
-            _check_end(bound, q.shape[0], q.device, name)
+    _check_bounds(q.shape[0], q.device, kv_end, prefix_end, visible_end)
     mask = _share_prefix(mask, prefix_end, q.shape[0])
+    mask = _show_prefix(mask, visible_end, q.shape[0])
     return sdpa_reference(q, k, v, _hide_past_end(mask, kv_end, q.shape[0]), scale)
 
 
@@ -123,8 +125,9 @@ def _tree_tile(q, m_i, l_i, acc, start, bound, k_ptr, v_ptr, mask_ptr, b, kvh, r
                skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms, BLOCK_S: tl.constexpr, IEEE: tl.constexpr,
                SHARED: tl.constexpr):
     """One tile of ``BLOCK_S`` keys from ``start`` (those at or past ``bound`` hidden, not read) folded into the
-    online softmax ``(m_i, l_i, acc)`` of the queries ``rows``. ``SHARED``: the keys' mask is query 0's row for
-    every query (one ``[BLOCK_S]`` read instead of a ``[BLOCK_M, BLOCK_S]`` tile)."""
+    online softmax ``(m_i, l_i, acc)`` of the queries ``rows``. ``SHARED``: 0, the mask's ``[BLOCK_M, BLOCK_S]``
+    tile; 1, query 0's row for every query (one ``[BLOCK_S]`` read); 2, no mask (every key below ``bound`` seen
+    by every query)."""
     s = start + tl.arange(0, BLOCK_S)
     s_in = s < bound
     keys_t = tl.load(k_ptr + b * skb + kvh * skh + s[None, :] * sks + dims[:, None] * skd,
@@ -133,7 +136,9 @@ def _tree_tile(q, m_i, l_i, acc, start, bound, k_ptr, v_ptr, mask_ptr, b, kvh, r
         scores = tl.dot(q.to(tl.float32), keys_t.to(tl.float32), input_precision="ieee")
     else:
         scores = tl.dot(q, keys_t)
-    if SHARED:
+    if SHARED == 2:
+        scores = scores * scale
+    elif SHARED == 1:
         scores = scores * scale + tl.load(mask_ptr + b * smb + s * sms, mask=s_in, other=0.0).to(tl.float32)[None, :]
     else:
         scores = scores * scale + tl.load(mask_ptr + b * smb + rows[:, None] * smm + s[None, :] * sms,
@@ -156,14 +161,18 @@ def _tree_tile(q, m_i, l_i, acc, start, bound, k_ptr, v_ptr, mask_ptr, b, kvh, r
 def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H, group, M,
                        S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
                        seb, spb, sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-                       BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, HAS_PREFIX: tl.constexpr,
-                       DIRECT: tl.constexpr):
+                       BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, PREFIX: tl.constexpr,
+                       DIRECT: tl.constexpr, TREE_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row * head, chunk of keys, block of queries): the row's first ``end`` keys (``end`` read
     from ``end_ptr`` on the device, else ``S``) cut into ``NS`` chunks, this program's walked in tiles of
-    ``BLOCK_S`` keys with an online softmax. ``HAS_PREFIX``: the keys below ``pre_ptr[b]`` take query 0's mask row
-    (:func:`tree_attention`'s ``prefix_end``), walked apart from the others. ``DIRECT`` (one chunk): the
+    ``BLOCK_S`` keys with an online softmax. ``PREFIX`` 1: the keys below ``pre_ptr[b]`` take query 0's mask row
+    (:func:`tree_attention`'s ``prefix_end``), walked apart from the others; 2: they are seen by every query, no
+    mask read (``visible_end``); with ``TREE_CHUNK`` the first
+    ``NS - 1`` chunks split the prefix and the last walks the keys from the prefix's end (the tree's), so that
+    every program runs one loop. ``DIRECT`` (one chunk): the
     normalised output, written to ``o``; else the chunk's max score, sum of exponentials and weighted values per
     query, at ``[row * head, chunk, query]``, for the merge."""
+    pdl_start(PDL)
     bh = tl.program_id(0)
     chunk = tl.program_id(1)
     qb = tl.program_id(2)
@@ -180,23 +189,39 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l
         end = tl.maximum(tl.minimum(tl.load(end_ptr + b * seb).to(tl.int32), S), 0)
     else:
         end = S
-    per = tl.cdiv(tl.cdiv(end, NS), 16) * 16  # every chunk used, whatever the end; its last tile partly masked
-    lo = chunk * per
-    hi = tl.minimum(lo + per, end)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    mid = lo
-    if HAS_PREFIX:  # the shared prefix's keys first: one mask row for every query
-        mid = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), lo), hi)
-        for start in range(lo, mid, BLOCK_S):
-            m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, mid, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+    if TREE_CHUNK:  # chunks 0 .. NS - 2 split the prefix (one mask row), chunk NS - 1 walks the rest (the tree)
+        pre = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), 0), end)
+        if chunk < NS - 1:
+            per = tl.cdiv(tl.cdiv(pre, NS - 1), 16) * 16
+            lo = chunk * per
+            hi = tl.minimum(lo + per, pre)
+            for start in range(lo, hi, BLOCK_S):
+                m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+                                           dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
+                                           BLOCK_S, IEEE, PREFIX)
+        else:
+            for start in range(pre, end, BLOCK_S):
+                m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, end, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+                                           dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
+                                           BLOCK_S, IEEE, 0)
+    else:
+        per = tl.cdiv(tl.cdiv(end, NS), 16) * 16  # every chunk used, whatever the end; its last tile partly masked
+        lo = chunk * per
+        hi = tl.minimum(lo + per, end)
+        mid = lo
+        if PREFIX:  # the shared prefix's keys first: one mask row (or none) for every query
+            mid = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), lo), hi)
+            for start in range(lo, mid, BLOCK_S):
+                m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, mid, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+                                           dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
+                                           BLOCK_S, IEEE, PREFIX)
+        for start in range(mid, hi, BLOCK_S):
+            m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
                                        dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                                       BLOCK_S, IEEE, True)
-    for start in range(mid, hi, BLOCK_S):
-        m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in, dims,
-                                   d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms, BLOCK_S, IEEE,
-                                   False)
+                                       BLOCK_S, IEEE, 0)
     if DIRECT:  # a query that sees no key at all (a bucket's padding) gets zeros, not 0 / 0
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod, o.to(o_ptr.dtype.element_ty),
@@ -211,8 +236,9 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l
 
 @jit
 def _tree_merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, H, M, D, NS, sob, soh, som, sod,
-                       BLOCK_NS: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_NS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row * head, query): the chunks' statistics merged into the softmax-weighted sum."""
+    pdl_start(PDL)
     bh = tl.program_id(0)
     row = tl.program_id(1)
     b = bh // H
@@ -255,18 +281,24 @@ def tree_attention_shares_prefix(rows_heads: int, queries: int) -> bool:
     Measured on the H200 (session 24, ``docs/results/fast_s24``; Llama-2-7B's verify, 64 queries over 573 live of
     1,216 slots, keys L2-cold), us per layer, without -> with it: batch 16 87.0 -> 65.9; batch 4 28.2 -> 26.6;
     batch 1 15.8 -> 16.9 (the two loops cost more than the mask tiles they save with 128 programs), so not there.
+    The same holds for ``visible_end`` (session 25, ``docs/results/fast_s25``): batch 16 54.7, batch 4 21.5, batch
+    1 16.0 against 15.6 without.
     """
     return rows_heads >= TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS and 1 < queries <= TREE_ATTENTION_MAX_M
 
 
 def tree_attention_launch(rows_heads: int, queries: int, keys: int, head_dim: int = 128, *,
-                          shared_prefix: bool = False) -> tuple[int, int, int, int, int]:
+                          shared_prefix: bool = False, visible_prefix: bool = False) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, num_splits, BLOCK_S, num_warps, num_stages)`` of a call: queries per program, chunks of keys,
     keys per tile, and the launch's warps and software-pipelining stages.
 
     Measured on the H200 (bf16, a 1,216-slot cache of which 620 live, 128-wide heads unless said; sessions 13 and
     14's sweeps, ``docs/results/fast_s14``):
 
+    - with ``visible_prefix``, at least 128 (row, head, block of 64 queries) programs: 64 queries per program,
+      one launch, 32-key tiles, 4 warps, 3 stages (session 25, 573 live keys, no mask read below the bound:
+      batch 4 21.5 us against 27.2 with ``prefix_end``; batch 16 54.7 against 66.5; at batch 1 16.0 against the
+      plain 15.6, so the fast path does not pass it there);
     - at least 256 (row, head, block of 64 queries) programs (Llama-2-7B's 32 heads, a 64-node bucket, 8 rows or
       more): 64 queries per program over all the keys, one launch, no partial sums, 4 warps without pipelining
       (batch 16: 96 us; 130 with the default 3 stages; SDPA 152);
@@ -285,10 +317,13 @@ def tree_attention_launch(rows_heads: int, queries: int, keys: int, head_dim: in
         keys: ``S``.
         head_dim: ``d``.
         shared_prefix: the call passes ``prefix_end`` (:func:`tree_attention`): most tiles read one mask row.
+        visible_prefix: the call passes ``visible_end``: most tiles read no mask.
 
     Returns:
         ``(BLOCK_M, num_splits, BLOCK_S, num_warps, num_stages)``.
     """
+    if visible_prefix and rows_heads * -(-queries // 64) >= 128:  # 32-key tiles, 3 stages (batch 4: 21.5 us)
+        return _row_block(queries), 1, 32, 4, 3
     if rows_heads * -(-queries // 64) >= 256:  # with a shared prefix: 32-key tiles, 3 stages (batch 16: 66 us)
         return (_row_block(queries), 1, 32, 4, 3) if shared_prefix else (_row_block(queries), 1, 64, 4, 1)
     if rows_heads * -(-queries // 32) >= 128:
@@ -307,11 +342,15 @@ def _row_block(queries: int) -> int:
     return max(16, min(64, next_pow2(queries)))
 
 
-def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, prefix_end=None, block_m=None,
-                           num_splits=None, tile_s=None, num_warps=None, num_stages=None) -> torch.Tensor:
+def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, prefix_end=None, visible_end=None,
+                           block_m=None, num_splits=None, tile_s=None, num_warps=None, num_stages=None,
+                           tree_chunk=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
-    plan = list(tree_attention_launch(B * H, M, S, d, shared_prefix=prefix_end is not None))
+    _check_bounds(B, q.device, kv_end, prefix_end, visible_end)
+    prefix = 1 if prefix_end is not None else 2 if visible_end is not None else 0
+    bound = prefix_end if prefix_end is not None else visible_end
+    plan = list(tree_attention_launch(B * H, M, S, d, shared_prefix=prefix == 1, visible_prefix=prefix == 2))
     if block_s is not None:  # keys per program forced: the split kernels, all queries per program
         plan[:2] = _row_block(M), -(-S // block_s)
     for i, forced in enumerate((block_m, num_splits, tile_s, num_warps, num_stages)):
@@ -322,6 +361,7 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
     o = _heads_last(B, H, M, d, q.dtype, dev)
     if B == 0 or H == 0 or M == 0:
         return o
+    tree_chunk = bound is not None and num_splits > 1 and bool(tree_chunk)
     direct = num_splits == 1
     if direct:  # the output is written by the one launch: no partial sums (the kernel never reads these pointers)
         m = l_sum = acc = o
@@ -330,22 +370,19 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
         l_sum = torch.empty(B * H, num_splits, M, dtype=torch.float32, device=dev)
         acc = torch.empty(B * H, num_splits, M, d, dtype=torch.float32, device=dev)
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
-    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end)):
-        if bound is not None:
-            _check_end(bound, B, dev, name)
     block_d = max(16, next_pow2(d))
     _tree_split_kernel[(B * H, num_splits, query_blocks)](
-        q, k, v, mask, q if kv_end is None else kv_end, q if prefix_end is None else prefix_end, m, l_sum, acc, o, H,
+        q, k, v, mask, q if kv_end is None else kv_end, q if bound is None else bound, m, l_sum, acc, o, H,
         H // Hkv, M, S, d, num_splits, scale, q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(),
-        *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(prefix_end), *o.stride(),
+        *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(bound), *o.stride(),
         BLOCK_M=block_m, BLOCK_S=tile_s, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
-        HAS_END=kv_end is not None, HAS_PREFIX=prefix_end is not None, DIRECT=direct, num_warps=num_warps,
-        num_stages=num_stages,
+        HAS_END=kv_end is not None, PREFIX=prefix, DIRECT=direct, TREE_CHUNK=tree_chunk, num_warps=num_warps,
+        num_stages=num_stages, **pdl_launch(),
     )
     if not direct:
         _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
-                                       BLOCK_NS=next_pow2(num_splits), BLOCK_D=block_d)
+                                       BLOCK_NS=next_pow2(num_splits), BLOCK_D=block_d, **pdl_launch())
     return o
 
 
@@ -365,6 +402,16 @@ def _check_end(kv_end, B: int, device, name: str = "kv_end") -> None:
                          f"{kv_end.device}")
 
 
+def _check_bounds(B: int, device, kv_end, prefix_end, visible_end) -> None:
+    """The optional per-row bounds' types, shapes and device; ``prefix_end`` and ``visible_end`` exclusive."""
+    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end), ("visible_end", visible_end)):
+        if bound is not None:
+            _check_end(bound, B, device, name)
+    if prefix_end is not None and visible_end is not None:
+        raise ValueError("tree_attention: pass prefix_end (the prefix's keys masked as for query 0) or visible_end "
+                         "(seen by every query), not both")
+
+
 def _row_stride(bound: torch.Tensor | None) -> int:
     """A per-row bound's stride (0: one value for every row, or none)."""
     return 0 if bound is None or bound.numel() == 1 else bound.stride(0)
@@ -380,6 +427,16 @@ def _share_prefix(mask: torch.Tensor, prefix_end: torch.Tensor | None, batch: in
     return torch.where(shared[:, None, None], full[:, :, :1], full)
 
 
+def _show_prefix(mask: torch.Tensor, visible_end: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """``mask`` with every key below row ``b``'s ``visible_end[b]`` seen by every query (0): what the kernels take
+    when given ``visible_end`` (they read no mask there)."""
+    if visible_end is None:
+        return mask
+    seen = torch.arange(mask.shape[-1], device=mask.device) < visible_end.to(mask.device)[:, None]  # [B or 1, S]
+    full = mask.expand(max(batch, mask.shape[0]), *mask.shape[1:])
+    return full.masked_fill(seen[:, None, None], 0.0)
+
+
 def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int) -> torch.Tensor:
     """``mask`` with every key at or past its row's ``kv_end`` hidden (``-inf``): what the kernels read."""
     if kv_end is None:
@@ -390,7 +447,8 @@ def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int) 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    scale: float | None = None, *, kv_end: torch.Tensor | None = None,
-                   prefix_end: torch.Tensor | None = None, block_s: int | None = None) -> torch.Tensor:
+                   prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None,
+                   block_s: int | None = None) -> torch.Tensor:
     """Attention of a verify bucket: ``M`` tree nodes per row and head over the ``S`` cached keys, under an
     additive mask (each node sees the committed keys, its ancestors and itself).
 
@@ -421,6 +479,10 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
             verify forward's tree nodes share the committed slots (the fast path passes its committed length);
             a query whose row differs (a bucket's padding node, which :func:`specdec.kernels.tree_mask` hides
             from the committed slots) then sees what query 0 sees there.
+        visible_end: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional; not with ``prefix_end``):
+            row ``b``'s keys below ``visible_end[b]`` are seen by *every* query whatever the mask says, and the
+            kernels read no mask for them. Pass it where the row's first ``visible_end[b]`` slots all hold real
+            tokens that every query sees (the fast path's committed slots of a dense row, no padding or holes).
         block_s: keys per program to force, a multiple of 32 (tests, benchmarks: the split kernels with every
             query of a row in one program); default :func:`tree_attention_plan`.
 
@@ -432,30 +494,33 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         ValueError: shapes that do not match, a boolean mask or a bad ``kv_end``, naming the argument.
     """
     check_inputs("tree_attention", q, k, v, mask)
+    bounds = dict(kv_end=kv_end, prefix_end=prefix_end, visible_end=visible_end)
     if q.shape[2] > TREE_ATTENTION_MAX_M or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         # long forwards; training (the kernels have no backward)
-        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
+        return tree_attention_ref(q, k, v, mask, scale, **bounds)
     if get_kernel_mode() == "auto":
         on_cuda = all(t.is_cuda for t in (q, k, v, mask)) and triton_available()
         if on_cuda and torch.compiler.is_compiling():  # an opaque op for inductor
-            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end, prefix_end)
+            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end, prefix_end, visible_end)
         if on_cuda:  # eagerly (and inside CUDA graphs) the launcher itself: no dispatcher on the hot path
-            return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end, prefix_end=prefix_end)
-        return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
+            return _tree_attention_triton(q, k, v, mask, scale, block_s, **bounds)
+        return tree_attention_ref(q, k, v, mask, scale, **bounds)
     if use_kernel("tree_attention", q, k, v, mask):  # forced: the kernel (under the interpreter on CPU)
-        return _tree_attention_triton(q, k, v, mask, scale, block_s, kv_end=kv_end, prefix_end=prefix_end)
-    return tree_attention_ref(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
-
+        return _tree_attention_triton(q, k, v, mask, scale, block_s, **bounds)
+    return tree_attention_ref(q, k, v, mask, scale, **bounds)
 
 if triton_available():
     @torch.library.custom_op("specdec::tree_attention", mutates_args=())
     def _tree_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                            scale: float | None, kv_end: torch.Tensor | None = None,
-                           prefix_end: torch.Tensor | None = None) -> torch.Tensor:
-        return _tree_attention_triton(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end)
+                           prefix_end: torch.Tensor | None = None,
+                           visible_end: torch.Tensor | None = None) -> torch.Tensor:
+        return _tree_attention_triton(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end,
+                                      visible_end=visible_end)
 
     @_tree_attention_op.register_fake
     def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
-          kv_end: torch.Tensor | None = None, prefix_end: torch.Tensor | None = None) -> torch.Tensor:
+          kv_end: torch.Tensor | None = None, prefix_end: torch.Tensor | None = None,
+          visible_end: torch.Tensor | None = None) -> torch.Tensor:
         B, H, M, d = q.shape
         return _heads_last(B, H, M, d, q.dtype, q.device)
