@@ -4,7 +4,8 @@ The CPU suite runs the kernels under Triton's interpreter, which accepts code th
 constant read inside a kernel, a construct the code generator lacks). Such an error used to surface only on the
 device machine. Here every kernel launch under the interpreter is recorded (:func:`install_recorder`: the kernel,
 its arguments' types, its constexprs and launch options), and at the end of the test session a few recorded
-variants of each kernel (one per combination of branch flags and float dtypes, at most :data:`PER_KERNEL`) are
+variants of each kernel (one per combination of branch flags and float dtypes, at most :data:`PER_KERNEL`, and
+the smallest once more with programmatic dependent launch on, ``PDL=True``, a branch the interpreter never runs) are
 compiled for an H100 / H200 (``sm_90``) in a child process without the interpreter (:func:`compile_specs`), where
 the kernels are real ``JITFunction`` s. A failure names the kernel and the compiler's message.
 
@@ -136,6 +137,9 @@ def select(specs: list[KernelSpec], per_kernel: int = PER_KERNEL) -> list[Kernel
         if n < per_kernel:
             out.append(spec)
             count[(spec.module, spec.name)] = n + 1
+        if n == 0 and spec.constexprs.get("PDL") is False:  # the interpreter never runs the PDL branch: compile it
+            out.append(spec._replace(constexprs={**spec.constexprs, "PDL": True},
+                                     options={**spec.options, "launch_pdl": True}))
     return out
 
 

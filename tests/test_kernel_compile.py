@@ -58,3 +58,39 @@ def test_select_keeps_the_smallest_variant_of_each_branch_and_caps_each_kernel()
     ks = [s for s in chosen if s.name == "k"]
     assert len(ks) == 3 and all(s.constexprs["BLOCK"] != 128 for s in ks)  # the smaller one of its branch
     assert ks == sorted(ks, key=KernelSpec.size)
+
+
+def test_every_kernel_starts_with_pdl_start_and_its_pdl_branch_compiles_for_the_gpu():
+    """Programmatic dependent launch: each specdec kernel takes ``PDL`` and calls ``pdl_start(PDL)`` first (a kernel
+    launched early must wait before it reads or writes); select() adds the ``PDL=True`` variant the interpreter
+    never runs, and one real kernel compiles with it for sm_90."""
+    import ast
+    import importlib
+    import inspect
+    import pkgutil
+    import textwrap
+
+    import specdec.kernels as kernels
+
+    found = 0
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"specdec.kernels.{info.name}")
+        for name, obj in vars(module).items():
+            fn = getattr(obj, "fn", None)
+            if not name.endswith("_kernel") or fn is None or fn.__module__ != module.__name__:
+                continue
+            found += 1
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            body = tree.body[0].body
+            first = body[1] if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body[0]
+            assert ast.unparse(first) == "pdl_start(PDL)", f"{module.__name__}.{name} must call pdl_start(PDL) first"
+            assert inspect.signature(fn).parameters["PDL"].default is False
+    assert found >= 25
+    from specdec.kernels.gemv import _gemv_kernel
+
+    x = torch.ones(1, 64)
+    spec = spec_of(_gemv_kernel.fn, (x, torch.ones(32, 64), x, torch.ones(1, 32), 1, 32, 64, 64, 64, 32),
+                   {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4})
+    chosen = select([spec])
+    assert [s.constexprs["PDL"] for s in chosen] == [False, True] and chosen[1].options["launch_pdl"] is True
+    assert _compile(chosen[1:]) == []

@@ -755,3 +755,61 @@ def test_docstring_examples_run():
         with kernel_mode("torch"):
             result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, name
+
+
+def test_programmatic_dependent_launch_is_on_only_where_it_can_run_and_set_pdl_turns_it_off():
+    """pdl_launch(): no keywords under the interpreter, without CUDA, or after set_pdl(False); on an sm_90 GPU the
+    launch keywords; set_pdl(None) restores the default."""
+    from specdec.kernels import _triton
+
+    try:
+        if _triton.INTERPRETED or not torch.cuda.is_available():
+            assert _triton.pdl_launch() == {} and not _triton.pdl_enabled()
+        else:
+            hopper = torch.cuda.get_device_capability() >= (9, 0) and _triton.gdc_wait is not None
+            _triton.set_pdl(True)
+            assert _triton.pdl_enabled() == hopper
+            assert _triton.pdl_launch() == ({"PDL": True, "launch_pdl": True} if hopper else {})
+        _triton.set_pdl(False)
+        assert _triton.pdl_launch() == {}
+    finally:
+        _triton.set_pdl(None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_captured_chain_of_kernels_gives_the_same_bits_with_and_without_pdl():
+    """A CUDA graph of dependent kernels (norm, one-row products, SiLU, norm again) captured with programmatic
+    dependent launch and without: the same bits over replays with new inputs (a kernel launched early waits for its
+    inputs)."""
+    from specdec.kernels import _triton, add_rms_norm, linear_rows, silu_mul
+    from specdec.graphs import capture_graph
+
+    torch.manual_seed(0)
+    w1 = torch.randn(2 * 688, 256, device="cuda", dtype=torch.bfloat16) / 16
+    w2 = torch.randn(256, 688, device="cuda", dtype=torch.bfloat16) / 16
+    norm = torch.rand(256, device="cuda", dtype=torch.bfloat16) + 0.5
+
+    def chain(x, r):
+        h, y = add_rms_norm(x, r, norm, 1e-6)
+        for _ in range(4):
+            h, y = add_rms_norm(h, linear_rows(silu_mul(linear_rows(y, w1)), w2), norm, 1e-6)
+        return h, y
+
+    inputs = [(torch.randn(1, 256, device="cuda", dtype=torch.bfloat16),
+               torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
+    outs = {}
+    try:
+        for pdl in (False, True):
+            _triton.set_pdl(pdl)
+            x, r = (t.clone() for t in inputs[0])
+            runner = capture_graph(chain, (x, r))
+            got = []
+            for a, b in inputs:
+                got.append(tuple(t.clone() for t in runner(a, b)))
+            outs[pdl] = got
+    finally:
+        _triton.set_pdl(None)
+    for (h0, y0), (h1, y1) in zip(outs[False], outs[True]):
+        assert torch.equal(h0, h1) and torch.equal(y0, y1)
+    assert not torch.equal(outs[True][0][0], outs[True][1][0])  # the replays did read their new inputs

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 from .tree_attention import _tree_merge_kernel, check_inputs, sdpa_reference
 
 __all__ = ["decode_attention", "decode_attention_ref", "decode_split"]
@@ -59,8 +59,9 @@ def decode_split(batch_heads: int, keys: int) -> int:
 @jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, group, S, D, NS, scale,
                   sqb, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, sms,
-                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row * head, chunk): the chunk's max score, sum of exponentials and weighted values."""
+    pdl_start(PDL)
     bh = tl.program_id(0)
     chunk = tl.program_id(1)
     b = bh // H
@@ -102,11 +103,11 @@ def _decode_attention_triton(q, k, v, mask, scale, block_s=None) -> torch.Tensor
     _split_kernel[(B * H, num_splits)](
         q, k, v, mask, m, l_sum, acc, H, H // Hkv, S, d, num_splits, scale,
         q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(), smb, mask.stride(3),
-        BLOCK_S=block_s, BLOCK_D=next_pow2(d),
+        BLOCK_S=block_s, BLOCK_D=next_pow2(d), **pdl_launch(),
     )
     # the merge is tree_attention's for one query: partial sums at [row * head, chunk, 0]
     _tree_merge_kernel[(B * H, 1)](m, l_sum, acc, o, H, 1, d, num_splits, *o.stride(),
-                                   BLOCK_NS=next_pow2(num_splits), BLOCK_D=next_pow2(d))
+                                   BLOCK_NS=next_pow2(num_splits), BLOCK_D=next_pow2(d), **pdl_launch())
     return o
 
 

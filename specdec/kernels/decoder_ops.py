@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 from .fp8 import _ONE_PASS_MAX as ROW_FP8_MAX  # the widest row rounded to float8 from one program's registers
 from .fp8 import FP8_DTYPE, Fp8Rows, store_fp8_row
 
@@ -54,9 +54,11 @@ def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
 
 @jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, s_ptr, H, eps, sx, sr, sh, so,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """One program per row: ``h = x + r`` (rounded to the dtype, stored), then the norm of ``h``; ``FP8``: the
     normed row (in the dtype) rounded to float8, codes at ``out``, scale at ``s`` (:func:`store_fp8_row`)."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     inside = cols < H
@@ -121,7 +123,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight.contiguous(), h, out, scale, H, float(eps), x2.stride(0),
                                              r2.stride(0), h.stride(0), out.stride(0),
                                              HAS_RESIDUAL=residual is not None, BLOCK_H=next_pow2(H),
-                                             FP8=fp8_out, num_warps=8 if H >= 2048 else 4)
+                                             FP8=fp8_out, num_warps=8 if H >= 2048 else 4, **pdl_launch())
     shape = x.shape
     normed = Fp8Rows(out.view(shape), scale.view(shape[:-1]), x.dtype) if fp8_out else out.view(shape)
     return (x if residual is None else h.view(shape)), normed
@@ -172,9 +174,10 @@ def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
 @jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, q_ptr, M, NH, NK, D,
                        s_b, s_m, s_h, c_b, c_m, n_b, n_m, k_b, k_h, k_s, v_b, v_h, v_s, q_b, q_h, q_m, slot_b,
-                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SIGNED: tl.constexpr):
+                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SIGNED: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row * token, block of ``BLOCK_H`` heads): its q heads rotated to ``q``, k heads rotated
     and v heads copied to the token's cache slot (each head's stores masked to its kind)."""
+    pdl_start(PDL)
     bm = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # head index within [q; k; v]
     b = bm // M
@@ -261,7 +264,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k
             qkv.stride(0), qkv.stride(1), qkv.stride(2), cos.stride(0), cos.stride(1), sin_signed.stride(0),
             sin_signed.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
             values.stride(1), values.stride(2), q.stride(0), q.stride(1), q.stride(2),
-            slots.stride(0) if slots.dim() == 2 else 0, BLOCK_H=block_h, BLOCK_D=block_d, SIGNED=signed,
+            slots.stride(0) if slots.dim() == 2 else 0, BLOCK_H=block_h, BLOCK_D=block_d, SIGNED=signed, **pdl_launch(),
         )
     return q
 
@@ -282,9 +285,11 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def _silu_mul_kernel(gu_ptr, out_ptr, s_ptr, inter, s_in, s_out, BLOCK: tl.constexpr, FP8: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, s_ptr, inter, s_in, s_out, BLOCK: tl.constexpr, FP8: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """Program ``(row, block of columns)``: ``silu(gate) * up``, rounded to the dtype; ``FP8`` (one block holds
     the row): the row rounded to float8, codes at ``out``, scale at ``s``."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < inter
@@ -326,7 +331,7 @@ def silu_mul(gate_up: torch.Tensor, *, fp8_out: bool = False) -> torch.Tensor | 
     if gu.shape[0]:
         _silu_mul_kernel[(gu.shape[0], -(-inter // block))](gu, out, scale, inter, gu.stride(0), out.stride(0),
                                                            BLOCK=block, FP8=fp8_out,
-                                                           num_warps=8 if block > 4096 else 4)
+                                                           num_warps=8 if block > 4096 else 4, **pdl_launch())
     lead = tuple(gate_up.shape[:-1])
     return Fp8Rows(out.view(*lead, inter), scale.view(lead), gate_up.dtype) if fp8_out else out.view(*lead, inter)
 
@@ -349,10 +354,11 @@ def embed_concat_ref(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tenso
 
 @jit
 def _embed_concat_kernel(id_ptr, table_ptr, hid_ptr, out_ptr, s_ptr, E, H, s_table, s_hid, s_out,
-                         BLOCK: tl.constexpr, FP8: tl.constexpr):
+                         BLOCK: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, block of output columns): columns below ``E`` from the token's embedding row, the
     rest from the row of ``hidden``; ``FP8`` (one block holds the row): the row rounded to float8, codes at
     ``out``, scale at ``s``."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     token = tl.load(id_ptr + row)
@@ -400,7 +406,7 @@ def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor, *
         _embed_concat_kernel[(hid.shape[0], -(-(E + H) // block))](flat_ids, table, hid, out, scale, E, H,
                                                                   table.stride(0), hid.stride(0), out.stride(0),
                                                                   BLOCK=block, FP8=fp8_out,
-                                                                  num_warps=8 if block > 4096 else 4)
+                                                                  num_warps=8 if block > 4096 else 4, **pdl_launch())
     if fp8_out:
         return Fp8Rows(out.view(*ids.shape, E + H), scale.view(ids.shape), hidden.dtype)
     return out.view(*ids.shape, E + H)

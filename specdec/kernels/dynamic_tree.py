@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["TreeCandidates", "TreeFrontier", "new_candidates", "dynamic_tree_level", "dynamic_tree_level_ref",
            "rerank_candidates", "rerank_candidates_ref", "TREE_LEVEL_MAX_K", "RERANK_MAX_CANDIDATES"]
@@ -186,11 +186,12 @@ def dynamic_tree_level(cands: TreeCandidates, offset: int, child_lp: torch.Tenso
 def _tree_level_kernel(lp_ptr, tok_ptr, fs_ptr, fid_ptr, hid_ptr, vis_ptr, cs_ptr, ct_ptr, cp_ptr,
                        ns_ptr, nt_ptr, nid_ptr, nh_ptr, nv_ptr, C, offset, H, S,
                        K: tl.constexpr, NC: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr,
-                       BLOCK_V: tl.constexpr, ROOT: tl.constexpr, ADVANCE: tl.constexpr):
+                       BLOCK_V: tl.constexpr, ROOT: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row ``b``, frontier slot ``i``): the level's ``NC`` candidates (``K`` root children, or
     ``K * K``) scored; this program records every ``K``-th of them (``j % K == i``); with ``ADVANCE`` it ranks them
     all, takes the one of rank ``i`` as the next frontier's node ``i`` and copies its parent's hidden row and
     ancestor set."""
+    pdl_start(PDL)
     b = tl.program_id(0)
     i = tl.program_id(1)
     j = tl.arange(0, BLOCK_C)
@@ -257,7 +258,7 @@ def _tree_level_triton(cands, offset, child_lp, child_tokens, frontier, hidden, 
                                nxt.scores, nxt.tokens, nxt.ids, nxt.hidden, nv, cands.scores.shape[1], offset, H, S,
                                K=k, NC=nc, BLOCK_C=max(16, next_pow2(nc)), BLOCK_H=min(1024, next_pow2(H)),
                                BLOCK_V=min(256, max(16, next_pow2(S + k))), ROOT=frontier is None,
-                               ADVANCE=advance, num_warps=4)
+                               ADVANCE=advance, num_warps=4, **pdl_launch())
     return nxt if advance else None
 
 
@@ -325,9 +326,11 @@ def rerank_candidates(cands: TreeCandidates, top_k: int,
 
 
 @jit
-def _rerank_rank_kernel(cs_ptr, keep_ptr, C, n, BLOCK_J: tl.constexpr, BLOCK_M: tl.constexpr):
+def _rerank_rank_kernel(cs_ptr, keep_ptr, C, n, BLOCK_J: tl.constexpr, BLOCK_M: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """One program per (row, block of candidates): each candidate's rank (the candidates ahead of it, counted block
     by block); ``keep[row, j]`` = rank below ``n``."""
+    pdl_start(PDL)
     b = tl.program_id(0)
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     j_in = j < C
@@ -343,9 +346,10 @@ def _rerank_rank_kernel(cs_ptr, keep_ptr, C, n, BLOCK_J: tl.constexpr, BLOCK_M: 
 
 @jit
 def _rerank_place_kernel(keep_ptr, ct_ptr, cp_ptr, place_ptr, tok_ptr, par_ptr, dep_ptr, C, n,
-                         K: tl.constexpr, BLOCK_C: tl.constexpr):
+                         K: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """One program per row: the kept candidates' places by a prefix sum, their parents' places read back from
     ``place`` (this row's scratch) after a barrier, the tree written."""
+    pdl_start(PDL)
     b = tl.program_id(0)
     j = tl.arange(0, BLOCK_C)
     j_in = j < C
@@ -374,7 +378,8 @@ def _rerank_triton(cands: TreeCandidates, k: int, n: int) -> tuple[torch.Tensor,
     out_par = torch.empty(B, n + 1, dtype=torch.long, device=device)
     out_dep = torch.empty(B, n + 1, dtype=torch.long, device=device)
     block_j = 32  # [32 x 64] comparisons per step of a program's loop: no register spills, C / 32 programs per row
-    _rerank_rank_kernel[(B, -(-C // block_j))](scores, keep, C, n, BLOCK_J=block_j, BLOCK_M=64, num_warps=4)
+    _rerank_rank_kernel[(B, -(-C // block_j))](scores, keep, C, n, BLOCK_J=block_j, BLOCK_M=64, num_warps=4,
+    **pdl_launch())
     _rerank_place_kernel[(B,)](keep, tokens, parents, place, out_tok, out_par, out_dep, C, n, K=k,
-                               BLOCK_C=max(16, next_pow2(C)), num_warps=4 if C <= 1024 else 8)
+                               BLOCK_C=max(16, next_pow2(C)), num_warps=4 if C <= 1024 else 8, **pdl_launch())
     return out_tok, out_par, out_dep

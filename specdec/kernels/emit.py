@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "FeedbackRows"]
 
@@ -65,8 +65,9 @@ def emitted_tokens_ref(draft_tokens: torch.Tensor, accepted_nodes: torch.Tensor,
 
 @jit
 def _emit_kernel(tokens_ptr, path_ptr, num_ptr, next_ptr, out_ptr, count_ptr, width,
-                 stride_tb, stride_tn, stride_pb, stride_pn, BLOCK: tl.constexpr):
+                 stride_tb, stride_tn, stride_pb, stride_pn, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One row: column j < n takes the token of path node j + 1, column n the next token, later columns -1."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     n = tl.load(num_ptr + row)
@@ -94,7 +95,7 @@ def _emitted_tokens_triton(draft_tokens, accepted_nodes, num_accepted, next_toke
             source, accepted_nodes, num_accepted.contiguous(), next_tokens.to(dtype).contiguous(), tokens, counts,
             width,
             source.stride(0), source.stride(1), accepted_nodes.stride(0), accepted_nodes.stride(1),
-            BLOCK=next_pow2(width),
+            BLOCK=next_pow2(width), **pdl_launch(),
         )
     return tokens, counts
 
@@ -213,8 +214,9 @@ def accepted_feedback_ref(roots: torch.Tensor, tokens: torch.Tensor, keep_counts
 def _feedback_kernel(roots_ptr, tokens_ptr, counts_ptr, lengths_ptr, committed_ptr, next_ptr, positions_ptr,
                      valid_ptr, nodes_ptr, f0, f1, f2, f3, out_ptr, width, hidden, stride_tb, stride_tn, stride_nb,
                      stride_nw, stride_fb, stride_fn, stride_fh, plane,
-                     ROWS: tl.constexpr, NUM: tl.constexpr, BLOCK_H: tl.constexpr):
+                     ROWS: tl.constexpr, NUM: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, column): the feedback entry (``ROWS``) and its node's vector from ``NUM`` features."""
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // width
     col = pid % width
@@ -283,7 +285,7 @@ def _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width, featur
                 roots_t, tokens, keep_counts, lengths, committed, next_tokens, positions, valid.view(torch.int8),
                 path, *srcs, committed if dst is None else dst, width, hidden, tokens.stride(0), tokens.stride(1),
                 path.stride(0), path.stride(1), *(f.stride() if chunk else (0, 0, 0)), batch * width * hidden,
-                ROWS=n == 0, NUM=len(chunk), BLOCK_H=min(1024, next_pow2(hidden)),
+                ROWS=n == 0, NUM=len(chunk), BLOCK_H=min(1024, next_pow2(hidden)), **pdl_launch(),
             )
     return FeedbackRows(committed, next_tokens, positions, valid, tuple(out))
 

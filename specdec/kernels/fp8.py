@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 from .skinny import _skinny_reduce_kernel, skinny_accumulate, skinny_store  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
@@ -105,10 +105,12 @@ def store_fp8_row(v, offs, inside, q_row_ptr, s_ptr):
 
 
 @jit
-def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """Program ``m``: ``amax = max_k |x[m, k]|``, ``q[m] = round(x[m] * 448 / amax)``, ``s[m] = amax / 448``.
     ``ONE_PASS`` (``K <= BLOCK``): the row is read once and kept in registers; else read twice, ``BLOCK`` at a
     time."""
+    pdl_start(PDL)
     m = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     if ONE_PASS:
@@ -160,7 +162,7 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     block = max(16, next_pow2(k))
     one_pass = block <= _ONE_PASS_MAX
     _quant_rows_kernel[(rows,)](x2, q, scale, k, x2.stride(0), BLOCK=block if one_pass else 4096, ONE_PASS=one_pass,
-                                num_warps=8 if block > 4096 else 4)
+                                num_warps=8 if block > 4096 else 4, **pdl_launch())
     return q.view(x.shape), scale.view(x.shape[:-1])
 
 
@@ -218,11 +220,12 @@ def fp8_linear_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, in
 @jit
 def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, K_PER, stride_wn, stride_ys,
                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_{k in split pid_k} w8[n, k] q[m, k]`` over rows
     ``pid_m * BLOCK_M ...`` (the skinny kernel's loop on float8 operands), times ``ws[n] * xs[m]``; written as
     ``y[m, n]`` (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is
     ``[M, K]`` contiguous."""
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -253,11 +256,12 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
         _linear_fp8_kernel[(-(-n // block_n), split, -(-rows // block_m))](
             q, x_scale, w8, w_scale, b, target, rows, n, k, k_per, w8.stride(0), rows * n if split > 1 else 0,
             HAS_BIAS=bias is not None, SPLIT=split, EVEN_K=k % (split * block_k) == 0, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
         if split > 1:
             _skinny_reduce_kernel[(-(-(rows * n) // 1024),)](
                 target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=1024, num_warps=4,
+                **pdl_launch(),
             )
     return y
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "linear_rows", "linear_rows_ref", "gemv_config"]
 
@@ -65,8 +65,10 @@ def gemv_config(rows: int, n: int, k: int) -> tuple[int, int, int]:
 
 @jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr = False):
     """One program per ``BLOCK_N`` output features, every row: ``acc[m, n] += sum_k x[m, k] * w[n, k]``."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -117,7 +119,7 @@ def _linear_rows_triton(x, weight, bias, config=None) -> torch.Tensor:
         _gemv_kernel[(_cdiv(n, block_n),)](
             x2, weight, bias if bias is not None else weight, y, rows, n, k, x2.stride(0), weight.stride(0),
             y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=next_pow2(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=num_warps,
+            num_warps=num_warps, **pdl_launch(),
         )
     return y.view(*x.shape[:-1], n)
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, pointer_table, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, pointer_table, tl
 
 __all__ = ["compact_kv", "compact_kv_ref", "KVCompactPlan"]
 
@@ -145,9 +145,10 @@ def _kv_compact_kernel(src_table, dst_table, witness, keep_ptr, dest_ptr, base_p
                        head_dim, stride_sb, stride_sh, stride_sl, stride_sd, stride_db, stride_dh, stride_dl, stride_dd,
                        stride_kb, stride_ka,
                        INPLACE: tl.constexpr, DEST: tl.constexpr, BASE: tl.constexpr, BLOCK_S: tl.constexpr,
-                       BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (cache tensor, row, head): copy the committed slots (unless in place), then the kept ones.
     ``BASE``: the first pending slot is read from ``base_ptr`` (a device scalar: a captured step's ``Lc``)."""
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     tensor = pid // (batch * heads)
     row = (pid // heads) % batch
@@ -239,7 +240,7 @@ def _launch(group: _Group, keep: torch.Tensor, dest: torch.Tensor | None, batch:
         keep if base is None else base, batch, group.heads, lc, kept, group.head_dim, *group.src_stride,
         *group.dst_stride, *keep.stride(),
         INPLACE=inplace, DEST=dest is not None, BASE=base is not None, BLOCK_S=max(1, 2048 // block_d),
-        BLOCK_A=next_pow2(kept), BLOCK_D=block_d,
+        BLOCK_A=next_pow2(kept), BLOCK_D=block_d, **pdl_launch(),
     )
 
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref"]
 
@@ -131,8 +131,9 @@ def _parallel_inputs_kernel(tokens_ptr, features_ptr, valid_ptr, next_ptr, start
                             ids_ptr, positions_ptr, hidden_ptr, masked_ptr, rejected_ptr, sample_ptr,
                             width, slots, hidden, num_drafts, mask_token_id, pad_token_id,
                             stride_tb, stride_tt, stride_fb, stride_ft, stride_fh, stride_m,
-                            BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+                            BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, slot): its token, position and flags, and its hidden row."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     valid = tl.load(valid_ptr + row)
@@ -179,7 +180,7 @@ def _parallel_inputs_triton(tokens, features, num_valid, next_tokens, start_posi
             input_ids, positions, hidden_out, is_masked.view(torch.int8), is_rejected.view(torch.int8),
             sample_indices, width, slots, hidden, num_drafts, mask_token_id, pad_token_id,
             tokens.stride(0), tokens.stride(1) if width else 1, *features.stride(), mask_hidden.stride(0),
-            BLOCK_H=min(1024, next_pow2(hidden)), BLOCK_K=next_pow2(num_drafts),
+            BLOCK_H=min(1024, next_pow2(hidden)), BLOCK_K=next_pow2(num_drafts), **pdl_launch(),
         )
     return ParallelDraftInputs(input_ids, positions, hidden_out, is_masked, is_rejected, sample_indices)
 

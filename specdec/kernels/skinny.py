@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 from .gemv import check_linear, linear_operands
 
 __all__ = ["SKINNY_MAX_ROWS", "SKINNY_MIN_ROWS", "SKINNY_DTYPES", "SKINNY_DEFAULT_ROWS", "SkinnyConfig",
@@ -111,9 +111,10 @@ def skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, stride_ym, stride_y
 @jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, stride_ys,
                    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: ``acc[n, m] = sum_{k in split pid_k} w[n, k] * x[m, k]``; written as ``y[m, n]``
     (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``."""
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -126,8 +127,9 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, 
 
 @jit
 def _skinny_reduce_kernel(p_ptr, b_ptr, y_ptr, MN, N, stride_ps, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """``y.flat[i] = sum_s p[s].flat[i] (+ b[i % N])``, cast to ``y``'s dtype."""
+    pdl_start(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = i < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -151,12 +153,13 @@ def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
             x2, weight, b, target, rows, n, k, k_per_split, x2.stride(0), weight.stride(0), n,
             rows * n if split > 1 else 0, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+            **pdl_launch(),
         )
         if split > 1:
             block = 1024
             _skinny_reduce_kernel[(-(-(rows * n) // block),)](
                 target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block,
-                num_warps=4,
+                num_warps=4, **pdl_launch(),
             )
     return y.view(*x.shape[:-1], n)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import get_kernel_mode, triton_available, use_kernel
-from ._triton import as_rows, jit, next_pow2, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk",
            "log_softmax_topk_ref"]
@@ -104,12 +104,13 @@ def _check(x: torch.Tensor, k: int) -> None:
 @jit
 def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, n_stats, K: tl.constexpr,
                       BLOCK: tl.constexpr, GATHER: tl.constexpr, STATS: tl.constexpr, LSE: tl.constexpr,
-                      MERGE: tl.constexpr, BLOCK_C: tl.constexpr):
+                      MERGE: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row, chunk of ``width <= BLOCK`` entries): the chunk's ``K`` best, written at
     ``[row, chunk, :]``. ``GATHER``: the entries are candidates; write their source indices (``src [row, n]``).
     ``STATS``: also write the chunk's maximum and sum of ``exp(x - max)`` at ``stat [row, chunk, 0:2]``. ``LSE``:
     subtract the row's log-sum-exp from the values written: from this chunk (the whole row), or with ``MERGE``
     from the ``n_stats`` chunks' statistics at ``stat``."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     lane = tl.arange(0, BLOCK)
@@ -167,7 +168,7 @@ def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *,
                                        rows.stride(0), n_stats, K=k, BLOCK=block, GATHER=src is not None,
                                        STATS=keep, LSE=apply, MERGE=n_stats > 0,
                                        BLOCK_C=next_pow2(max(n_stats, 1)),
-                                       num_warps=8 if block >= 4096 else 4)
+                                       num_warps=8 if block >= 4096 else 4, **pdl_launch())
     return values, indices, new_stats if keep else stats
 
 

@@ -29,7 +29,7 @@ import torch
 from ..masks import to_aligned_additive_mask
 from ..trees import ancestor_matrix
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref", "HeadUpdate",
            "head_update_mask", "head_update_mask_ref"]
@@ -151,8 +151,9 @@ def _tree_mask_kernel(
     valid_ptr, parents_ptr, present_ptr, lengths_ptr, out_ptr, positions_ptr, fill_ptr,
     prefix_len, num_pending, write_width,
     stride_vb, stride_vl, stride_pb, stride_pn, stride_rb, stride_rm, stride_ob, stride_oq,
-    HAS_POSITIONS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     query = tl.program_id(0)  # new node q = pending slot num_pending + q
     row = tl.program_id(1)
     zero = tl.load(fill_ptr)
@@ -220,7 +221,7 @@ def _tree_mask_triton(committed_valid, parents, present, dtype, lengths, out, al
             prefix, width - nodes, write_width,
             valid.stride(0), valid.stride(1), parents.stride(0), parents.stride(1),
             present.stride(0), present.stride(1), mask.stride(0), mask.stride(2),
-            HAS_POSITIONS=positions is not None, BLOCK_L=512, BLOCK_T=tree_block,
+            HAS_POSITIONS=positions is not None, BLOCK_L=512, BLOCK_T=tree_block, **pdl_launch(),
         )
     return TreeMask(mask, positions)
 
@@ -376,8 +377,9 @@ def _head_tree_mask_kernel(
     lengths_ptr, visible_ptr, out_ptr, fill_ptr,
     scratch_start, scratch_len, write_width,
     stride_vb, stride_vq, stride_vs, stride_ob, stride_oq,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     query = tl.program_id(0)
     row = tl.program_id(1)
     zero = tl.load(fill_ptr)
@@ -420,7 +422,7 @@ def _head_tree_mask_triton(lengths, visible, scratch_start, capacity, dtype, out
             lengths.long(), vis, target, _head_fill_values(dtype, device),
             scratch_start, scratch, write_width,
             vis.stride(0), vis.stride(1), vis.stride(2), target.stride(0), target.stride(2),
-            BLOCK=min(512, next_pow2(write_width)),
+            BLOCK=min(512, next_pow2(write_width)), **pdl_launch(),
         )
     return mask
 
@@ -550,9 +552,10 @@ def head_update_mask_ref(lengths: torch.Tensor, positions: torch.Tensor, valid: 
 @jit
 def _head_update_kernel(lengths_ptr, pos_ptr, valid_ptr, fill_ptr, mask_ptr, slots_ptr, new_len_ptr, last_ptr,
                         M, trash, write_width, stride_ob, stride_oq,
-                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (entry, row): the row's new length from all its entries, this entry's slot and mask row
     (committed slots up to its own position), and, for entry 0, the row's length and last real entry."""
+    pdl_start(PDL)
     t = tl.program_id(0)
     row = tl.program_id(1)
     zero = tl.load(fill_ptr)
@@ -631,5 +634,6 @@ def head_update_mask(lengths: torch.Tensor, positions: torch.Tensor, valid: torc
         _head_update_kernel[(M, B)](lengths.long().contiguous(), positions.long().contiguous(), ok.contiguous(),
                                     _head_fill_values(dtype, device), target, slots, new_lengths, last, M,
                                     capacity - 1, write_width, target.stride(0), target.stride(2),
-                                    BLOCK_M=max(2, next_pow2(M)), BLOCK=min(512, next_pow2(write_width)))
+                                    BLOCK_M=max(2, next_pow2(M)), BLOCK=min(512, next_pow2(write_width)),
+                                    **pdl_launch())
     return HeadUpdate(mask, slots, new_lengths, last)

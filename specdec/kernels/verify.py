@@ -50,7 +50,7 @@ from .. import verify as _verify
 from ..sampling import NoiseSource, TorchSource
 from ..types import Draft, DraftScheme, VerifyResult
 from ._dispatch import use_kernel
-from ._triton import INTERPRETED, jit, next_pow2, tl
+from ._triton import INTERPRETED, jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = [
     "VerifyNoise",
@@ -217,9 +217,11 @@ def _store_partials(score_ptr, index_ptr, base, best_r, index_r, best_p, index_p
 
 @jit
 def _race_finish_kernel(score_ptr, index_ptr, current_ptr, next_ptr, path_ptr, num_ptr, parents_ptr, depths_ptr,
-                        num_chunks, path_width, stride_pb, stride_pn, stride_db, stride_dn, BLOCK_D: tl.constexpr):
+                        num_chunks, path_width, stride_pb, stride_pn, stride_db, stride_dn, BLOCK_D: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """Per row: the next token from the race partials (residual first, the target row if it had no mass), and
     the accepted path ending at ``current``."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     base = row * num_chunks * 2
     best_r = tl.load(score_ptr + base)
@@ -282,8 +284,9 @@ def verify_greedy_ref(
 
 @jit
 def _argmax_partials_kernel(x_ptr, val_ptr, idx_ptr, width, vocab, chunk, num_chunks, stride_b, stride_n, stride_v,
-                            F64: tl.constexpr, BLOCK_V: tl.constexpr):
+                            F64: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr = False):
     """Partial argmax of one node's row over one vocabulary chunk (ties: lowest id)."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     base = x_ptr + (row // width) * stride_b + (row % width) * stride_n
@@ -307,8 +310,9 @@ def _argmax_partials_kernel(x_ptr, val_ptr, idx_ptr, width, vocab, chunk, num_ch
 def _greedy_walk_kernel(val_ptr, idx_ptr, tokens_ptr, parents_ptr, depths_ptr, path_ptr, num_ptr, next_ptr,
                         nodes, num_chunks, rounds, path_width,
                         stride_tb, stride_tn, stride_pb, stride_pn, stride_db, stride_dn,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """Per row: accepted = draft equals its parent's argmax, ANDed over the path; deepest accepted node wins."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     width = nodes + 1
     ids = tl.arange(0, BLOCK_N)
@@ -350,7 +354,7 @@ def _verify_greedy_triton(target_probs: torch.Tensor, draft: Draft, max_depth: i
         return VerifyResult(path, num_accepted, next_tokens)
     _argmax_partials_kernel[(batch * width, num_chunks)](
         target_probs, values, indices, width, vocab, chunk, num_chunks, *target_probs.stride(),
-        F64=f64, BLOCK_V=_BLOCK_V,
+        F64=f64, BLOCK_V=_BLOCK_V, **pdl_launch(),
     )
     parents, depths = draft.parents.long(), draft.depths.long()
     tokens = draft.tokens.long() if nodes else parents  # never read without drafts; avoids a null pointer
@@ -358,7 +362,7 @@ def _verify_greedy_triton(target_probs: torch.Tensor, draft: Draft, max_depth: i
         values, indices, tokens, parents, depths, path, num_accepted, next_tokens,
         nodes, num_chunks, max(nodes.bit_length(), 1), depth + 1,
         *tokens.stride(), *parents.stride(), *depths.stride(),
-        BLOCK_N=next_pow2(width), BLOCK_D=next_pow2(depth + 1),
+        BLOCK_N=next_pow2(width), BLOCK_D=next_pow2(depth + 1), **pdl_launch(),
     )
     return VerifyResult(path, num_accepted, next_tokens)
 
@@ -475,8 +479,9 @@ def _chain_race_kernel(target_ptr, draft_ptr, tokens_ptr, parents_ptr, uniforms_
                        score_ptr, index_ptr, current_ptr, nodes, vocab, chunk, num_chunks,
                        stride_tb, stride_tn, stride_tv, stride_qb, stride_qn, stride_qv, stride_xb, stride_xn,
                        stride_pb, stride_pn, stride_ub, stride_un, stride_eb, stride_ev,
-                       ONE_HOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+                       ONE_HOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr = False):
     """Per (row, vocabulary chunk): the accepted count ``n`` (recomputed, cheap) and the race partials."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     k = tl.arange(0, BLOCK_N)
@@ -528,7 +533,7 @@ def _launch_finish(scores, indices, current, draft, depth, num_chunks):
     parents, depths = draft.parents.long(), draft.depths.long()
     _race_finish_kernel[(batch,)](
         scores, indices, current, next_tokens, path, num_accepted, parents, depths,
-        num_chunks, depth + 1, *parents.stride(), *depths.stride(), BLOCK_D=next_pow2(depth + 1),
+        num_chunks, depth + 1, *parents.stride(), *depths.stride(), BLOCK_D=next_pow2(depth + 1), **pdl_launch(),
     )
     return VerifyResult(path, num_accepted, next_tokens)
 
@@ -552,7 +557,7 @@ def _verify_chain_noise_triton(target_probs, draft, uniforms, exponentials, max_
         target_probs, draft_probs, tokens, parents, noise_u, exponentials, scores, indices, current,
         nodes, vocab, chunk, num_chunks, *target_probs.stride(), *draft_probs.stride(), *tokens.stride(),
         *parents.stride(), *noise_u.stride(), *exponentials.stride(),
-        ONE_HOT=one_hot, BLOCK_N=next_pow2(nodes), BLOCK_V=_BLOCK_V,
+        ONE_HOT=one_hot, BLOCK_N=next_pow2(nodes), BLOCK_V=_BLOCK_V, **pdl_launch(),
     )
     return _launch_finish(scores, indices, current, draft, depth, num_chunks)
 
@@ -691,8 +696,9 @@ def _tree_race_kernel(target_ptr, tokens_ptr, parents_ptr, uniforms_ptr, exps_pt
                       nodes, vocab, chunk, num_chunks,
                       stride_tb, stride_tn, stride_tv, stride_xb, stride_xn, stride_pb, stride_pn,
                       stride_ub, stride_un, stride_eb, stride_ev,
-                      BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_V: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr = False):
     """Per (row, vocabulary chunk): the tree walk (recomputed, in registers) and the race partials."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     ids = tl.arange(0, BLOCK_N)
@@ -771,7 +777,7 @@ def _verify_tree_deterministic_noise_triton(target_probs, draft, uniforms, expon
     _tree_race_kernel[(batch, num_chunks)](
         target_probs, tokens, parents, noise_u, exponentials, scores, indices, current,
         nodes, vocab, chunk, num_chunks, *target_probs.stride(), *tokens.stride(), *parents.stride(),
-        *noise_u.stride(), *exponentials.stride(), BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_V=block_v,
+        *noise_u.stride(), *exponentials.stride(), BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_V=block_v, **pdl_launch(),
     )
     return _launch_finish(scores, indices, current, draft, depth, num_chunks)
 
