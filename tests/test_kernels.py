@@ -782,8 +782,8 @@ def test_a_captured_chain_of_kernels_gives_the_same_bits_with_and_without_pdl():
     """A CUDA graph of dependent kernels (norm, one-row products, SiLU, norm again) captured with programmatic
     dependent launch and without: the same bits over replays with new inputs (a kernel launched early waits for its
     inputs)."""
-    from specdec.kernels import _triton, add_rms_norm, linear_rows, silu_mul
     from specdec.graphs import capture_graph
+    from specdec.kernels import _triton, add_rms_norm, linear_rows, silu_mul
 
     torch.manual_seed(0)
     w1 = torch.randn(2 * 688, 256, device="cuda", dtype=torch.bfloat16) / 16
