@@ -100,14 +100,11 @@ def test_keys_past_kv_end_are_hidden_and_not_read(device, block_m, splits, tile)
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_m,splits,tile,tree_chunk", [(16, 1, None, False), (32, 3, 32, False),
-                                                             (64, 2, None, False), (None, None, None, None),
-                                                             (32, 3, 32, True), (64, 2, None, True)])
-def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, tile, tree_chunk):
+@pytest.mark.parametrize("block_m,splits,tile", [(16, 1, None), (32, 3, 32), (64, 2, None), (None, None, None)])
+def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, tile):
     """prefix_end: the keys below it take query 0's mask row for every query, in the kernels (whatever the plan,
-    chunks straddling the bound included, or the prefix split apart from the tree's chunk) as in the reference;
-    where the queries share that row (a verify's committed slots) the result is the plain one, and a query that
-    differs there (padding) sees query 0's row."""
+    chunks straddling the bound included) as in the reference; where the queries share that row (a verify's
+    committed slots) the result is the plain one, and a query that differs there (padding) sees query 0's row."""
     q, k, v, mask = _case(2, 4, 2, 12, 320, 16, seed=11, device=device)
     kv_end = torch.tensor([300, 250], device=device)
     prefix_end = torch.tensor([281, 231], device=device)  # the committed slots; the last 19 keys are the tree's
@@ -119,7 +116,7 @@ def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, til
     for b, p in enumerate(prefix_end.tolist()):
         padded[b, 0, -2:, :p] = hidden  # two padding queries hidden from the committed slots
     out = _tree_attention_triton(q, k, v, padded, None, kv_end=kv_end, prefix_end=prefix_end, block_m=block_m,
-                                 num_splits=splits, tile_s=tile, tree_chunk=tree_chunk)
+                                 num_splits=splits, tile_s=tile)
     want = tree_attention_ref(q, k, v, mask, kv_end=kv_end)
     torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(tree_attention_ref(q, k, v, padded, kv_end=kv_end, prefix_end=prefix_end), want,
@@ -127,8 +124,7 @@ def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, til
     assert not torch.allclose(tree_attention_ref(q, k, v, padded, kv_end=kv_end)[:, :, -2:], want[:, :, -2:])
     one = torch.tensor([200], device=device, dtype=torch.int32)  # one bound for every row, below both trees
     torch.testing.assert_close(_tree_attention_triton(q, k, v, mask, None, kv_end=kv_end, prefix_end=one,
-                                                      block_m=block_m, num_splits=splits, tile_s=tile,
-                                                      tree_chunk=tree_chunk),
+                                                      block_m=block_m, num_splits=splits, tile_s=tile),
                                want, atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="prefix_end must be an integer tensor"):
         tree_attention(q, k, v, mask, prefix_end=torch.tensor([1.0]))
@@ -136,9 +132,8 @@ def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, til
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_m,splits,tile,tree_chunk", [(16, 1, None, False), (32, 3, 32, False),
-                                                             (64, 2, None, True), (None, None, None, None)])
-def test_a_visible_prefix_reads_no_mask(device, block_m, splits, tile, tree_chunk):
+@pytest.mark.parametrize("block_m,splits,tile", [(16, 1, None), (32, 3, 32), (64, 2, 32), (None, None, None)])
+def test_a_visible_prefix_reads_no_mask(device, block_m, splits, tile):
     """visible_end: the keys below it are seen by every query whatever the mask says there (the kernels read no
     mask for them), in the kernels as in the reference; where the mask already shows them (a dense row's committed
     slots) the result is the plain one."""
@@ -153,15 +148,14 @@ def test_a_visible_prefix_reads_no_mask(device, block_m, splits, tile, tree_chun
     want = tree_attention_ref(q, k, v, dense, kv_end=kv_end)
     for m in (dense, holes):
         out = _tree_attention_triton(q, k, v, m, None, kv_end=kv_end, visible_end=visible, block_m=block_m,
-                                     num_splits=splits, tile_s=tile, tree_chunk=tree_chunk)
+                                     num_splits=splits, tile_s=tile)
         torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(tree_attention_ref(q, k, v, m, kv_end=kv_end, visible_end=visible), want,
                                    atol=2e-5, rtol=1e-4)
     assert not torch.allclose(tree_attention_ref(q, k, v, holes, kv_end=kv_end), want)
     one = torch.tensor([3], device=device, dtype=torch.int32)  # one bound for every row, below the holes
     torch.testing.assert_close(_tree_attention_triton(q, k, v, holes, None, kv_end=kv_end, visible_end=one,
-                                                      block_m=block_m, num_splits=splits, tile_s=tile,
-                                                      tree_chunk=tree_chunk),
+                                                      block_m=block_m, num_splits=splits, tile_s=tile),
                                tree_attention_ref(q, k, v, holes, kv_end=kv_end), atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="not both"):
         tree_attention(q, k, v, mask, prefix_end=visible, visible_end=visible)

@@ -162,14 +162,12 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l
                        S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
                        seb, spb, sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
                        BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, PREFIX: tl.constexpr,
-                       DIRECT: tl.constexpr, TREE_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+                       DIRECT: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (row * head, chunk of keys, block of queries): the row's first ``end`` keys (``end`` read
     from ``end_ptr`` on the device, else ``S``) cut into ``NS`` chunks, this program's walked in tiles of
     ``BLOCK_S`` keys with an online softmax. ``PREFIX`` 1: the keys below ``pre_ptr[b]`` take query 0's mask row
     (:func:`tree_attention`'s ``prefix_end``), walked apart from the others; 2: they are seen by every query, no
-    mask read (``visible_end``); with ``TREE_CHUNK`` the first
-    ``NS - 1`` chunks split the prefix and the last walks the keys from the prefix's end (the tree's), so that
-    every program runs one loop. ``DIRECT`` (one chunk): the
+    mask read (``visible_end``). ``DIRECT`` (one chunk): the
     normalised output, written to ``o``; else the chunk's max score, sum of exponentials and weighted values per
     query, at ``[row * head, chunk, query]``, for the merge."""
     pdl_start(PDL)
@@ -192,36 +190,20 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if TREE_CHUNK:  # chunks 0 .. NS - 2 split the prefix (one mask row), chunk NS - 1 walks the rest (the tree)
-        pre = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), 0), end)
-        if chunk < NS - 1:
-            per = tl.cdiv(tl.cdiv(pre, NS - 1), 16) * 16
-            lo = chunk * per
-            hi = tl.minimum(lo + per, pre)
-            for start in range(lo, hi, BLOCK_S):
-                m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
-                                           dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                                           BLOCK_S, IEEE, PREFIX)
-        else:
-            for start in range(pre, end, BLOCK_S):
-                m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, end, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
-                                           dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                                           BLOCK_S, IEEE, 0)
-    else:
-        per = tl.cdiv(tl.cdiv(end, NS), 16) * 16  # every chunk used, whatever the end; its last tile partly masked
-        lo = chunk * per
-        hi = tl.minimum(lo + per, end)
-        mid = lo
-        if PREFIX:  # the shared prefix's keys first: one mask row (or none) for every query
-            mid = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), lo), hi)
-            for start in range(lo, mid, BLOCK_S):
-                m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, mid, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
-                                           dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                                           BLOCK_S, IEEE, PREFIX)
-        for start in range(mid, hi, BLOCK_S):
-            m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+    per = tl.cdiv(tl.cdiv(end, NS), 16) * 16  # every chunk used, whatever the end; its last tile partly masked
+    lo = chunk * per
+    hi = tl.minimum(lo + per, end)
+    mid = lo
+    if PREFIX:  # the shared prefix's keys first: one mask row (or none) for every query
+        mid = tl.minimum(tl.maximum(tl.load(pre_ptr + b * spb).to(tl.int32), lo), hi)
+        for start in range(lo, mid, BLOCK_S):
+            m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, mid, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
                                        dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                                       BLOCK_S, IEEE, 0)
+                                       BLOCK_S, IEEE, PREFIX)
+    for start in range(mid, hi, BLOCK_S):
+        m_i, l_i, acc = _tree_tile(q, m_i, l_i, acc, start, hi, k_ptr, v_ptr, mask_ptr, b, kvh, rows, r_in,
+                                   dims, d_in, scale, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
+                                   BLOCK_S, IEEE, 0)
     if DIRECT:  # a query that sees no key at all (a bucket's padding) gets zeros, not 0 / 0
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod, o.to(o_ptr.dtype.element_ty),
@@ -343,8 +325,8 @@ def _row_block(queries: int) -> int:
 
 
 def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, prefix_end=None, visible_end=None,
-                           block_m=None, num_splits=None, tile_s=None, num_warps=None, num_stages=None,
-                           tree_chunk=None) -> torch.Tensor:
+                           block_m=None, num_splits=None, tile_s=None, num_warps=None,
+                           num_stages=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
     _check_bounds(B, q.device, kv_end, prefix_end, visible_end)
@@ -361,7 +343,6 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
     o = _heads_last(B, H, M, d, q.dtype, dev)
     if B == 0 or H == 0 or M == 0:
         return o
-    tree_chunk = bound is not None and num_splits > 1 and bool(tree_chunk)
     direct = num_splits == 1
     if direct:  # the output is written by the one launch: no partial sums (the kernel never reads these pointers)
         m = l_sum = acc = o
@@ -377,7 +358,7 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
         *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(bound), *o.stride(),
         BLOCK_M=block_m, BLOCK_S=tile_s, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
-        HAS_END=kv_end is not None, PREFIX=prefix, DIRECT=direct, TREE_CHUNK=tree_chunk, num_warps=num_warps,
+        HAS_END=kv_end is not None, PREFIX=prefix, DIRECT=direct, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(),
     )
     if not direct:

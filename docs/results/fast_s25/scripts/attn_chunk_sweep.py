@@ -1,6 +1,7 @@
 """Session 25: tree attention at the 7B batch-1 verify (61 nodes in a 64 bucket over 573 live of 1,216 slots, keys
 L2-cold, CUDA-graph replays over 32 layers): the plan without and with prefix_end (two loops per program), and the
-prefix split into NS - 1 chunks apart from the tree's chunk (``tree_chunk``: one loop per program)."""
+prefix split into NS - 1 chunks apart from the tree's chunk (``tree_chunk``: one loop per program). Ran against the
+kernel as committed in f2b8be2 (call A: before visible_end was added); its ``tree_chunk`` argument was removed later."""
 import itertools
 import json
 import sys

@@ -1,7 +1,8 @@
 """Session 25: tree attention at the 7B verify (61 nodes in a 64 bucket over 573 live of 1,216 slots, keys L2-cold,
 CUDA-graph replays over the layers) and an EAGLE head's level (10 queries): the plan without and with prefix_end,
 and with visible_end (the committed slots read with no mask), the prefix's tiles in the same programs as the tree's
-(two loops) or in chunks apart from the tree's (``tree_chunk``: one loop per program)."""
+(two loops) or in chunks apart from the tree's (``tree_chunk``: one loop per program). Ran against the kernel
+as committed in f2b8be2 (call A: before visible_end was added); its ``tree_chunk`` argument was removed later."""
 import itertools
 import json
 import sys
