@@ -3,7 +3,8 @@
 Every op has a kernel (or two), a launcher, a torch reference ``<op>_ref`` with the identical signature, and the
 public ``<op>`` that dispatches: the kernel when its tensors are on CUDA and ``triton`` imports, the reference
 otherwise. :func:`kernel_mode` forces either (tests, benchmarks). ``import specdec.kernels`` works without
-triton: the references are used.
+triton: the references are used. On Hopper GPUs every kernel uses programmatic dependent launch
+(:func:`pdl_enabled`; :func:`set_pdl` or ``SPECDEC_PDL=0`` turns it off).
 
 =========================================== ======================================== ===================================
 op                                          replaces                                 launches
@@ -46,6 +47,7 @@ from ._dispatch import (
                         set_kernel_mode,
                         triton_available,
 )
+from ._triton import pdl_enabled, set_pdl
 from .decode_attention import decode_attention, decode_attention_ref, decode_split
 from .decoder_ops import (
                         add_rms_norm,
@@ -125,6 +127,7 @@ from .verify import (
 __all__ = [
     # dispatch
     "KERNEL_MODES", "kernel_mode", "set_kernel_mode", "get_kernel_mode", "triton_available", "interpreter_enabled",
+    "pdl_enabled", "set_pdl",
     # ops and their references
     "TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref",
     "HeadUpdate", "head_update_mask", "head_update_mask_ref",
