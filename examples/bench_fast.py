@@ -61,6 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specdec as sd  # noqa: E402
 from specdec.bench import left_pad  # noqa: E402
 from specdec.drafters import DraftModelDrafter, PromptLookupDrafter  # noqa: E402
+from specdec.kernels import pdl_enabled  # noqa: E402
 from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.static import capacity_for  # noqa: E402
 
@@ -755,7 +756,7 @@ def run_bench(ap, args) -> dict:
                 batch_note="gpt-fast's generate decodes one prompt at a time here (batch 1 only): batched rows "
                            "compare specdec with HF.",
                 torch=torch.__version__, transformers=__import__("transformers").__version__, args=vars(args),
-                seconds=round(time.perf_counter() - t0, 1), batch1_seconds=round(warm_s, 1))
+                seconds=round(time.perf_counter() - t0, 1), batch1_seconds=round(warm_s, 1), pdl=pdl_enabled())
     notes = checks(rows)
     md = to_markdown(rows, meta, phases, notes, errors)
     with open(os.path.join(args.out, "results.json"), "w") as f:

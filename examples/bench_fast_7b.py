@@ -72,6 +72,7 @@ from specdec.graphs import (  # noqa: E402
     capture_graph_ref,
 )
 from specdec.heads import Eagle1Head  # noqa: E402
+from specdec.kernels import pdl_enabled  # noqa: E402
 from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
@@ -356,7 +357,7 @@ def main(argv=None):
                 context=args.context, shape=shape, shape_name="tiny" if args.tiny else "Llama-2-7B", tree=TREE,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
-                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas())
+                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas(), pdl=pdl_enabled())
     with decode_kernels(skinny_rows=args.skinny_rows):
         meta["skinny_rows"] = decode_settings()["skinny_rows"]
     torch.manual_seed(1)
