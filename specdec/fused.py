@@ -303,7 +303,8 @@ class FusedDecoder:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                 kv_len: int | None, kv_end: torch.Tensor | None = None,
-                prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None) -> torch.Tensor:
+                prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None,
+                kv_start: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of ``q [B, nh, M, d]`` over the cache's ``[B, nk, S, d]`` (the first ``kv_len`` slots, causally,
         when ``mask`` is ``None``): :func:`specdec.kernels.decode_attention` for one query per row,
         :func:`specdec.kernels.tree_attention` for a few (reading no key at or past ``kv_end``, a device tensor),
@@ -315,7 +316,7 @@ class FusedDecoder:
             return decode_attention(q, keys, values, mask, self.scaling)
         if 1 < M <= TREE_ATTENTION_MAX_M and mask is not None and self.tree_attention:
             return tree_attention(q, keys, values, mask, self.scaling, kv_end=kv_end, prefix_end=prefix_end,
-                                  visible_end=visible_end)
+                                  visible_end=visible_end, kv_start=kv_start)
         nh, nk = self.heads, self.kv_heads
         if nk != nh:  # grouped-query attention: repeat each key/value head (as HF's repeat_kv)
             S = keys.shape[2]
@@ -417,8 +418,8 @@ class FusedDecoder:
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
                  cache: Sequence, feature_layers: Sequence[int] = (), *,
-                 prefix_end: torch.Tensor | None = None,
-                 visible_end: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
+                 prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None,
+                 kv_start: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
         """One forward of ``M`` tokens per row, their keys/values written at ``slots`` of every layer's cache.
 
         Args:
@@ -438,12 +439,14 @@ class FusedDecoder:
             visible_end: Shape ``[1]`` or ``[B]`` int64 on the device (optional; not with ``prefix_end``): the keys
                 below it are seen by every query (a dense row's committed slots: no padding, no holes); tree
                 attention then reads no mask for them, where ``prefix_end`` would be passed.
+            kv_start: Shape ``[1]`` or ``[B]`` int64 on the device (optional, with ``visible_end``): the keys below
+                it are hidden from every query and not read (a left-padded prompt's padding slots).
 
         Returns:
             ``(logits [B, M, V], features)``: one ``[B, M, H]`` tensor per feature layer, in order.
         """
         return self._forward(tokens, positions, mask, slots, cache, feature_layers, prefix_end=prefix_end,
-                             visible_end=visible_end)
+                             visible_end=visible_end, kv_start=kv_start)
 
     def reads_prefix_end(self, batch: int, tokens: int, masked: bool = True) -> bool:
         """Whether a forward of ``tokens`` per row over ``batch`` rows (under a mask) hands ``prefix_end`` (or
@@ -461,7 +464,7 @@ class FusedDecoder:
 
     def _layers(self, tokens, positions, mask, slots, cache, feature_layers, *, kv_len: int | None = None,
                 last_only: bool = False, prefix_end: torch.Tensor | None = None,
-                visible_end: torch.Tensor | None = None):
+                visible_end: torch.Tensor | None = None, kv_start: torch.Tensor | None = None):
         """The layers; ``kv_len``: attend to the first ``kv_len`` slots only (``mask=None``: causally)."""
         B, M = tokens.shape
         nh, nk, d = self.heads, self.kv_heads, self.head_dim
@@ -474,7 +477,7 @@ class FusedDecoder:
         if mask is not None and 1 < M <= TREE_ATTENTION_MAX_M and self.tree_attention:
             kv_end = slots.amax(0, keepdim=True) + 1
         if not self.reads_prefix_end(B, M, mask is not None):
-            prefix_end = visible_end = None
+            prefix_end = visible_end = kv_start = None
         want = set(feature_layers)
         found = {0: h} if 0 in want else {}
         delta = None  # the last MLP's output, added to h by the next norm (one fused launch)
@@ -485,7 +488,7 @@ class FusedDecoder:
                 q = rope_store(qkv, cos, sin, kv.keys, kv.values, slots, nh)
             else:
                 q = self._rope_store_unfused(qkv, lay, cos, sin, kv, slots)
-            o = self._attend(q, kv.keys, kv.values, mask, kv_len, kv_end, prefix_end, visible_end)
+            o = self._attend(q, kv.keys, kv.values, mask, kv_len, kv_end, prefix_end, visible_end, kv_start)
             h, x = self._add_norm(h, self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo),
                                   lay.ln2, eps2)
             gate_up = self._linear(x, lay.wgu, lay.bgu)

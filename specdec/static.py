@@ -297,10 +297,12 @@ class StaticCacheState(NamedTuple):
             ends at ``Lc``.
         mark: after a late commit, a copy of ``ends`` on its way to the host (:func:`~specdec.graphs.mark_bound`,
             one at a time), which lets a later forward lower ``Lc`` back to the true longest row without a host sync.
-        dense: every row's valid committed slots are exactly its first ``ends[b]`` (``Lc`` while ``ends`` is
-            ``None``): no padding, no holes. A prompt without padding starts dense and late commits keep it so; a
-            commit at ``Lc`` or a plain step after a late commit may leave holes and end it. The fused decoder's
-            tree attention then reads no mask for those slots (``visible_end``).
+        dense: every row's valid committed slots are exactly those from its prompt's first real token (the
+            adapter's ``starts[b]``: left padding before it) to its end (``ends[b]``; ``Lc`` while ``ends`` is
+            ``None``): no holes. A left-padded (or unpadded) prompt starts dense and late commits keep it so; a
+            commit at ``Lc`` or a plain step after a late commit may leave holes and end it, and so does a prompt
+            mask that is not left padding. The fused decoder's tree attention then reads no mask for those slots
+            and none of the padding (``visible_end``, ``kv_start``).
     """
 
     valid: torch.Tensor
@@ -352,6 +354,7 @@ class _Buffers(NamedTuple):
     consts: dict           # constant tensors of this batch size (padding parents, empty pending), made once
     plain: _Plain          # the plain step's forward
     ends: torch.Tensor     # [B] int64, each row's end after late commits (StaticCacheState.ends)
+    starts: torch.Tensor   # [B] int64, each row's first real slot after a left-padded prefill (its padding before)
     dtype: torch.dtype     # the cache's (= the model's) dtype, of the masks (read once: model.dtype walks params)
     prefills: dict         # (B, T, all_valid, last_only) -> CapturedStep of the fused prefill (at most PREFILL_GRAPHS)
     compact: KVCompactPlan  # compact_kv in place over these very tensors, checked and grouped once
@@ -544,6 +547,7 @@ class StaticAdapter:
         self._store.buffers = _Buffers(cache=cache, valid=valid, runners={}, high_water={},
                                        arange=torch.arange(self.buckets[-1], device=device), consts={},
                                        plain=_Plain(), ends=torch.zeros(batch, dtype=torch.long, device=device),
+                                       starts=torch.zeros(batch, dtype=torch.long, device=device),
                                        dtype=shapes[0][1], prefills={}, seen={},
                                        prefix_end=torch.zeros(1, dtype=torch.long, device=device),
                                        compact=KVCompactPlan([la.keys for la in cache.layers],
@@ -577,11 +581,11 @@ class StaticAdapter:
         count (:meth:`_bucket_inputs` writes it): every tree node sees them alike (a padding node, hidden from them
         by the mask, is not read), so its tree attention may read one mask row there (``prefix_end`` of
         :func:`specdec.kernels.tree_attention`). ``visible`` (a dense state, :attr:`StaticCacheState.dense`): it
-        reads ``buf.ends`` instead, each row's end, below which every slot is seen (``visible_end``: no mask
-        read there)."""
+        reads ``buf.ends`` and ``buf.starts`` instead, each row's end and first real slot, between which every slot
+        is seen (``visible_end``: no mask read there; ``kv_start``: the padding before it not read at all)."""
         fused, layers, cache = self._store.fused, self.feature_layers, buf.cache
         if fused is not None:
-            bound = dict(visible_end=buf.ends) if visible else dict(prefix_end=buf.prefix_end)
+            bound = dict(visible_end=buf.ends, kv_start=buf.starts) if visible else dict(prefix_end=buf.prefix_end)
             return lambda tokens, positions, mask, slots: fused(tokens, positions, mask, slots, cache.layers, layers,
                                                                 **bound)
 
@@ -643,8 +647,14 @@ class StaticAdapter:
         if self.fused:  # the fused decoder writes the prompt's keys/values straight into the static tensors
             self._eager._check_length(T - 1)
             valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-            all_valid = attention_mask is None or bool(valid.all())  # host sync, once per prompt (as ModelAdapter)
+            starts = T - valid.sum(1)
+            if attention_mask is None:
+                all_valid = left_padded = True
+            else:  # one host sync, once per prompt (as ModelAdapter): no padding at all? left padding only?
+                left = torch.arange(T, device=valid.device) >= starts[:, None]
+                all_valid, left_padded = torch.stack([valid.all(), (left == valid).all()]).tolist()
             buf = self._ensure_buffers(FusedDecoder.cache_shapes(self.model, B, self.capacity), B, input_ids.device)
+            buf.starts.copy_(starts)  # read by tree attention (kv_start) while the state stays dense
             logits, feats = self._fused_prefill(buf, input_ids, valid, all_valid, last_logits_only)
             out, lengths = ForwardOutput(logits=logits, features=tuple(feats)), valid.sum(1)
         else:  # HF's own pass on a DynamicCache, copied into the static tensors
@@ -654,7 +664,7 @@ class StaticAdapter:
                 static.keys[:, :, :T].copy_(layer.keys)
                 static.values[:, :, :T].copy_(layer.values)
             valid, lengths = dyn.committed_valid, dyn.lengths
-            all_valid = False  # HF's modules read no bound: density is not tracked
+            left_padded = False  # HF's modules read no bound: density is not tracked
         buf.valid[:, :T].copy_(valid)
         # Held buffers carry the last run's marks past T: late commits rely on every slot past a row's end being
         # invalid (a row behind the longest one would see the old run's keys), so clear them.
@@ -663,7 +673,7 @@ class StaticAdapter:
         empty = torch.empty(B, 0, dtype=torch.long, device=input_ids.device)
         return out, StaticCacheState(valid=buf.valid, committed=T, lengths=lengths, pending_parents=empty,
                                      pending_present=empty.bool(), ticket=self._issue(),
-                                     dense=bool(self.fused) and all_valid)
+                                     dense=left_padded)
 
     def _fused_prefill(self, buf: _Buffers, tokens: torch.Tensor, valid: torch.Tensor, all_valid: bool,
                        last_only: bool):

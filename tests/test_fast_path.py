@@ -235,7 +235,8 @@ def test_greedy_fast_path_is_token_identical_to_the_eager_path(name, batch, devi
 @pytest.mark.parametrize("name", ["draft_model_tree", "eagle2"])
 def test_verify_forwards_read_the_committed_prefix_as_one_mask_row_and_decode_the_same(name, device, monkeypatch):
     """The static adapter passes its committed length as tree attention's prefix_end (one mask row for the
-    committed slots, read where it pays: here at any width); greedy decoding stays token-identical to the eager
+    committed slots, read where it pays: here at any width) for a state that is not dense (here every state: the
+    dense path is turned off, as a state with holes has it); greedy decoding stays token-identical to the eager
     path, padding nodes included (3 rows, ragged prompts)."""
     import specdec.fused as fused
 
@@ -249,6 +250,7 @@ def test_verify_forwards_read_the_committed_prefix_as_one_mask_row_and_decode_th
 
     monkeypatch.setattr(ta, "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", 1)
     monkeypatch.setattr(fused, "tree_attention", spy)
+    monkeypatch.setattr(StaticAdapter, "_visible", lambda self, state, size: False)
     model = tiny_model("llama", scale=3.0).to(device)
     ids, mask = _prompts(3, device)
     drafter = _drafter(name, model)
@@ -261,17 +263,20 @@ def test_verify_forwards_read_the_committed_prefix_as_one_mask_row_and_decode_th
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["draft_model_tree", "eagle2"])
 def test_dense_rows_show_their_committed_slots_without_a_mask_and_decode_the_same(name, device, monkeypatch):
-    """Prompts without padding stay dense under late commits: the static adapter hands tree attention each row's
-    end as visible_end (no mask read below it; here at any width), rows ending apart; greedy decoding stays
-    token-identical to the eager path. Ragged prompts never pass it."""
+    """Prompts without padding, or left-padded, stay dense under late commits: the static adapter hands tree
+    attention each row's end as visible_end (no mask read below it; here at any width) and its first real slot as
+    kv_start (the padding not read), rows ending apart; greedy decoding stays token-identical to the eager path.
+    (generate() repacks any prompt mask to the left; a state with holes passes prefix_end, see the tests around.)"""
     import specdec.fused as fused
 
     ta = sys.modules["specdec.kernels.tree_attention"]
-    calls = []
+    calls, starts = [], []
     real = fused.tree_attention
 
     def spy(*args, **kwargs):
         calls.append((kwargs.get("prefix_end") is not None, kwargs.get("visible_end") is not None))
+        if kwargs.get("kv_start") is not None:
+            starts.append(kwargs["kv_start"].tolist())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ta, "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", 1)
@@ -284,20 +289,29 @@ def test_dense_rows_show_their_committed_slots_without_a_mask_and_decode_the_sam
     fast = generate(model, dense_ids, drafter=drafter, max_new_tokens=16, eos_token_id=[], fast=True)
     assert torch.equal(eager.sequences, fast.sequences)
     assert (False, True) in calls and (True, False) not in calls  # every verify forward read the rows' ends
+    assert starts and all(s == [0, 0, 0] for s in starts)
     calls.clear()
+    starts.clear()
     eager = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[])
     fast = generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=16, eos_token_id=[], fast=True)
     assert torch.equal(eager.sequences, fast.sequences)
-    assert (True, False) in calls and (False, True) not in calls  # padded: one mask row, never visible_end
+    assert (False, True) in calls and (True, False) not in calls  # left-padded: dense from each row's start
+    assert starts and all(s == [0, 2, 4] for s in starts)  # row b has 2 * (b % 3) pads
+
 
 
 def test_a_state_is_dense_until_padding_a_commit_at_lc_or_a_plain_step_after_a_late_commit():
-    """StaticCacheState.dense: a prompt without padding starts dense; late commits keep it; a plain step after a
-    late commit (rows ending before Lc keep a hole), an eager commit of A > 0 slots, or padded prompts end it."""
+    """StaticCacheState.dense: a prompt without padding or with left padding starts dense (each row's first real
+    slot kept as its start); late commits keep it; a plain step after a late commit (rows ending before Lc keep a
+    hole), an eager commit of A > 0 slots, or a prompt mask that is not left padding end it."""
     model = tiny_model("llama")
     ids, mask = _prompts(3)
     fast = StaticAdapter(model, (0, 2), capacity=capacity_for(ids.shape[1], 40, 64))
-    assert not fast.prefill(ids, mask)[1].dense
+    assert fast.prefill(ids, mask)[1].dense
+    assert fast._store.buffers.starts.tolist() == [0, 2, 4]
+    holed = mask.clone()
+    holed[0, 4] = 0  # a hole inside row 0's prompt
+    assert not fast.prefill(ids, holed)[1].dense
     _, st = fast.prefill(ids[:, -4:].contiguous())
     assert st.dense
     roots = torch.tensor([1, 2, 3])

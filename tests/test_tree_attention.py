@@ -136,7 +136,7 @@ def test_a_shared_prefix_reads_query_zeros_mask_row(device, block_m, splits, til
 def test_a_visible_prefix_reads_no_mask(device, block_m, splits, tile):
     """visible_end: the keys below it are seen by every query whatever the mask says there (the kernels read no
     mask for them), in the kernels as in the reference; where the mask already shows them (a dense row's committed
-    slots) the result is the plain one."""
+    slots) the result is the plain one. kv_start: the keys below it hidden and not read (a left-padded row)."""
     q, k, v, mask = _case(2, 4, 2, 12, 320, 16, seed=12, device=device)
     kv_end = torch.tensor([300, 250], device=device)
     visible = torch.tensor([281, 231], device=device)  # the committed slots; the last 19 keys are the tree's
@@ -157,6 +157,19 @@ def test_a_visible_prefix_reads_no_mask(device, block_m, splits, tile):
     torch.testing.assert_close(_tree_attention_triton(q, k, v, holes, None, kv_end=kv_end, visible_end=one,
                                                       block_m=block_m, num_splits=splits, tile_s=tile),
                                tree_attention_ref(q, k, v, holes, kv_end=kv_end), atol=2e-5, rtol=1e-4)
+    # a left-padded row: its first slots hidden for every query, not read (kv_start), the rest up to its end seen
+    start = torch.tensor([0, 37], device=device)
+    padded = dense.clone()
+    padded[1, 0, :, :37] = mask.min()
+    want = tree_attention_ref(q, k, v, padded, kv_end=kv_end)
+    out = _tree_attention_triton(q, k, v, holes, None, kv_end=kv_end, visible_end=visible, kv_start=start,
+                                 block_m=block_m, num_splits=splits, tile_s=tile)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(tree_attention_ref(q, k, v, holes, kv_end=kv_end, visible_end=visible, kv_start=start),
+                               want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(_tree_attention_triton(q, k, v, dense, None, kv_end=kv_end, kv_start=start,
+                                                      block_m=block_m, num_splits=splits, tile_s=tile),
+                               want, atol=2e-5, rtol=1e-4)  # hidden below the start though the mask shows them
     with pytest.raises(ValueError, match="not both"):
         tree_attention(q, k, v, mask, prefix_end=visible, visible_end=visible)
     with pytest.raises(ValueError, match="visible_end must be an integer tensor"):

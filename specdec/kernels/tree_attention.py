@@ -85,8 +85,8 @@ def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                        scale: float | None = None, *, kv_end: torch.Tensor | None = None,
-                       prefix_end: torch.Tensor | None = None,
-                       visible_end: torch.Tensor | None = None) -> torch.Tensor:
+                       prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None,
+                       kv_start: torch.Tensor | None = None) -> torch.Tensor:
     """Reference for :func:`tree_attention`: ``F.scaled_dot_product_attention`` under the additive mask.
 
     Args:
@@ -100,15 +100,16 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
             query 0 (:func:`tree_attention`).
         visible_end: Shape ``[B]`` or ``[1]`` integer: keys below ``visible_end[b]`` seen by every query, whatever
             the mask says there (:func:`tree_attention`).
+        kv_start: Shape ``[B]`` or ``[1]`` integer: keys below ``kv_start[b]`` hidden too.
 
     Returns:
         Shape ``[B, H, M, d]`` in ``q``'s dtype.
     """
     check_inputs("tree_attention", q, k, v, mask)
-    _check_bounds(q.shape[0], q.device, kv_end, prefix_end, visible_end)
+    _check_bounds(q.shape[0], q.device, kv_end, prefix_end, visible_end, kv_start)
     mask = _share_prefix(mask, prefix_end, q.shape[0])
     mask = _show_prefix(mask, visible_end, q.shape[0])
-    return sdpa_reference(q, k, v, _hide_past_end(mask, kv_end, q.shape[0]), scale)
+    return sdpa_reference(q, k, v, _hide_past_end(mask, kv_end, q.shape[0], kv_start), scale)
 
 
 def tree_attention_split(programs: int, keys: int) -> int:
@@ -158,18 +159,18 @@ def _tree_tile(q, m_i, l_i, acc, start, bound, k_ptr, v_ptr, mask_ptr, b, kvh, r
 
 
 @jit
-def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H, group, M,
-                       S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smm, sms,
-                       seb, spb, sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-                       BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, PREFIX: tl.constexpr,
-                       DIRECT: tl.constexpr, PDL: tl.constexpr = False):
-    """One program per (row * head, chunk of keys, block of queries): the row's first ``end`` keys (``end`` read
-    from ``end_ptr`` on the device, else ``S``) cut into ``NS`` chunks, this program's walked in tiles of
-    ``BLOCK_S`` keys with an online softmax. ``PREFIX`` 1: the keys below ``pre_ptr[b]`` take query 0's mask row
-    (:func:`tree_attention`'s ``prefix_end``), walked apart from the others; 2: they are seen by every query, no
-    mask read (``visible_end``). ``DIRECT`` (one chunk): the
-    normalised output, written to ``o``; else the chunk's max score, sum of exponentials and weighted values per
-    query, at ``[row * head, chunk, query]``, for the merge."""
+def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H,
+                       group, M, S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb,
+                       smm, sms, seb, spb, ssb, sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+                       BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, HAS_START: tl.constexpr,
+                       PREFIX: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr = False):
+    """One program per (row * head, chunk of keys, block of queries): the row's keys from ``start`` to ``end``
+    (``end`` read from ``end_ptr`` on the device, else ``S``; ``start`` from ``start_ptr`` with ``HAS_START``, else
+    0) cut into ``NS`` chunks, this program's walked in tiles of ``BLOCK_S`` keys with an online softmax.
+    ``PREFIX`` 1: the keys below ``pre_ptr[b]`` take query 0's mask row (:func:`tree_attention`'s ``prefix_end``),
+    walked apart from the others; 2: they are seen by every query, no mask read (``visible_end``). ``DIRECT`` (one
+    chunk): the normalised output, written to ``o``; else the chunk's max score, sum of exponentials and weighted
+    values per query, at ``[row * head, chunk, query]``, for the merge."""
     pdl_start(PDL)
     bh = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -190,8 +191,12 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, m_ptr, l
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    per = tl.cdiv(tl.cdiv(end, NS), 16) * 16  # every chunk used, whatever the end; its last tile partly masked
-    lo = chunk * per
+    if HAS_START:  # keys below the row's start are hidden without being read (a left-padded prompt's padding)
+        begin = tl.minimum(tl.maximum(tl.load(start_ptr + b * ssb).to(tl.int32), 0), end)
+    else:
+        begin = 0
+    per = tl.cdiv(tl.cdiv(end - begin, NS), 16) * 16  # every chunk used, whatever the bounds; last tile partly masked
+    lo = begin + chunk * per
     hi = tl.minimum(lo + per, end)
     mid = lo
     if PREFIX:  # the shared prefix's keys first: one mask row (or none) for every query
@@ -325,11 +330,11 @@ def _row_block(queries: int) -> int:
 
 
 def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, prefix_end=None, visible_end=None,
-                           block_m=None, num_splits=None, tile_s=None, num_warps=None,
+                           kv_start=None, block_m=None, num_splits=None, tile_s=None, num_warps=None,
                            num_stages=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
-    _check_bounds(B, q.device, kv_end, prefix_end, visible_end)
+    _check_bounds(B, q.device, kv_end, prefix_end, visible_end, kv_start)
     prefix = 1 if prefix_end is not None else 2 if visible_end is not None else 0
     bound = prefix_end if prefix_end is not None else visible_end
     plan = list(tree_attention_launch(B * H, M, S, d, shared_prefix=prefix == 1, visible_prefix=prefix == 2))
@@ -353,12 +358,14 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
     block_d = max(16, next_pow2(d))
     _tree_split_kernel[(B * H, num_splits, query_blocks)](
-        q, k, v, mask, q if kv_end is None else kv_end, q if bound is None else bound, m, l_sum, acc, o, H,
+        q, k, v, mask, q if kv_end is None else kv_end, q if bound is None else bound,
+        q if kv_start is None else kv_start, m, l_sum, acc, o, H,
         H // Hkv, M, S, d, num_splits, scale, q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(),
-        *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(bound), *o.stride(),
+        *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(bound),
+        _row_stride(kv_start), *o.stride(),
         BLOCK_M=block_m, BLOCK_S=tile_s, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
-        HAS_END=kv_end is not None, PREFIX=prefix, DIRECT=direct, num_warps=num_warps,
+        HAS_END=kv_end is not None, HAS_START=kv_start is not None, PREFIX=prefix, DIRECT=direct, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(),
     )
     if not direct:
@@ -383,9 +390,10 @@ def _check_end(kv_end, B: int, device, name: str = "kv_end") -> None:
                          f"{kv_end.device}")
 
 
-def _check_bounds(B: int, device, kv_end, prefix_end, visible_end) -> None:
+def _check_bounds(B: int, device, kv_end, prefix_end, visible_end, kv_start=None) -> None:
     """The optional per-row bounds' types, shapes and device; ``prefix_end`` and ``visible_end`` exclusive."""
-    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end), ("visible_end", visible_end)):
+    for name, bound in (("kv_end", kv_end), ("prefix_end", prefix_end), ("visible_end", visible_end),
+                        ("kv_start", kv_start)):
         if bound is not None:
             _check_end(bound, B, device, name)
     if prefix_end is not None and visible_end is not None:
@@ -418,18 +426,23 @@ def _show_prefix(mask: torch.Tensor, visible_end: torch.Tensor | None, batch: in
     return full.masked_fill(seen[:, None, None], 0.0)
 
 
-def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int) -> torch.Tensor:
-    """``mask`` with every key at or past its row's ``kv_end`` hidden (``-inf``): what the kernels read."""
-    if kv_end is None:
-        return mask
-    past = torch.arange(mask.shape[-1], device=mask.device) >= kv_end.to(mask.device)[:, None]  # [B or 1, S]
-    return mask.expand(max(batch, mask.shape[0]), *mask.shape[1:]).masked_fill(past[:, None, None], float("-inf"))
+def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int,
+                   kv_start: torch.Tensor | None = None) -> torch.Tensor:
+    """``mask`` with every key at or past its row's ``kv_end`` (and below its ``kv_start``) hidden (``-inf``): what
+    the kernels read."""
+    keys = torch.arange(mask.shape[-1], device=mask.device)
+    for bound, outside in ((kv_end, lambda b: keys >= b), (kv_start, lambda b: keys < b)):
+        if bound is not None:
+            hide = outside(bound.to(mask.device)[:, None])  # [B or 1, S]
+            mask = mask.expand(max(batch, mask.shape[0]), *mask.shape[1:]).masked_fill(hide[:, None, None],
+                                                                                    float("-inf"))
+    return mask
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    scale: float | None = None, *, kv_end: torch.Tensor | None = None,
                    prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None,
-                   block_s: int | None = None) -> torch.Tensor:
+                   kv_start: torch.Tensor | None = None, block_s: int | None = None) -> torch.Tensor:
     """Attention of a verify bucket: ``M`` tree nodes per row and head over the ``S`` cached keys, under an
     additive mask (each node sees the committed keys, its ancestors and itself).
 
@@ -464,6 +477,9 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
             row ``b``'s keys below ``visible_end[b]`` are seen by *every* query whatever the mask says, and the
             kernels read no mask for them. Pass it where the row's first ``visible_end[b]`` slots all hold real
             tokens that every query sees (the fast path's committed slots of a dense row, no padding or holes).
+        kv_start: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional): row ``b``'s keys below
+            ``kv_start[b]`` are hidden whatever the mask says, and never read; the chunks split the keys from it
+            to ``kv_end`` (a left-padded prompt's padding slots: the fast path passes it with ``visible_end``).
         block_s: keys per program to force, a multiple of 32 (tests, benchmarks: the split kernels with every
             query of a row in one program); default :func:`tree_attention_plan`.
 
@@ -475,14 +491,14 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         ValueError: shapes that do not match, a boolean mask or a bad ``kv_end``, naming the argument.
     """
     check_inputs("tree_attention", q, k, v, mask)
-    bounds = dict(kv_end=kv_end, prefix_end=prefix_end, visible_end=visible_end)
+    bounds = dict(kv_end=kv_end, prefix_end=prefix_end, visible_end=visible_end, kv_start=kv_start)
     if q.shape[2] > TREE_ATTENTION_MAX_M or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         # long forwards; training (the kernels have no backward)
         return tree_attention_ref(q, k, v, mask, scale, **bounds)
     if get_kernel_mode() == "auto":
         on_cuda = all(t.is_cuda for t in (q, k, v, mask)) and triton_available()
         if on_cuda and torch.compiler.is_compiling():  # an opaque op for inductor
-            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end, prefix_end, visible_end)
+            return torch.ops.specdec.tree_attention(q, k, v, mask, scale, kv_end, prefix_end, visible_end, kv_start)
         if on_cuda:  # eagerly (and inside CUDA graphs) the launcher itself: no dispatcher on the hot path
             return _tree_attention_triton(q, k, v, mask, scale, block_s, **bounds)
         return tree_attention_ref(q, k, v, mask, scale, **bounds)
@@ -494,14 +510,14 @@ if triton_available():
     @torch.library.custom_op("specdec::tree_attention", mutates_args=())
     def _tree_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                            scale: float | None, kv_end: torch.Tensor | None = None,
-                           prefix_end: torch.Tensor | None = None,
-                           visible_end: torch.Tensor | None = None) -> torch.Tensor:
+                           prefix_end: torch.Tensor | None = None, visible_end: torch.Tensor | None = None,
+                           kv_start: torch.Tensor | None = None) -> torch.Tensor:
         return _tree_attention_triton(q, k, v, mask, scale, kv_end=kv_end, prefix_end=prefix_end,
-                                      visible_end=visible_end)
+                                      visible_end=visible_end, kv_start=kv_start)
 
     @_tree_attention_op.register_fake
     def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
           kv_end: torch.Tensor | None = None, prefix_end: torch.Tensor | None = None,
-          visible_end: torch.Tensor | None = None) -> torch.Tensor:
+          visible_end: torch.Tensor | None = None, kv_start: torch.Tensor | None = None) -> torch.Tensor:
         B, H, M, d = q.shape
         return _heads_last(B, H, M, d, q.dtype, q.device)
