@@ -647,7 +647,8 @@ class StaticAdapter:
         if self.fused:  # the fused decoder writes the prompt's keys/values straight into the static tensors
             self._eager._check_length(T - 1)
             valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-            starts = T - valid.sum(1)
+            lengths = valid.sum(1)
+            starts = T - lengths
             if attention_mask is None:
                 all_valid = left_padded = True
             else:  # one host sync, once per prompt (as ModelAdapter): no padding at all? left padding only?
@@ -656,7 +657,7 @@ class StaticAdapter:
             buf = self._ensure_buffers(FusedDecoder.cache_shapes(self.model, B, self.capacity), B, input_ids.device)
             buf.starts.copy_(starts)  # read by tree attention (kv_start) while the state stays dense
             logits, feats = self._fused_prefill(buf, input_ids, valid, all_valid, last_logits_only)
-            out, lengths = ForwardOutput(logits=logits, features=tuple(feats)), valid.sum(1)
+            out = ForwardOutput(logits=logits, features=tuple(feats))
         else:  # HF's own pass on a DynamicCache, copied into the static tensors
             out, dyn = self._eager.prefill(input_ids, attention_mask, last_logits_only=last_logits_only)
             buf = self._ensure_buffers(self._cache_shapes(dyn.cache, B), B, input_ids.device)
@@ -746,9 +747,9 @@ class StaticAdapter:
                        size: int, runner: CapturedStep | None, mark, visible: bool) -> tuple[tuple, torch.Tensor]:
         """Write a bucket forward's inputs (``runner``'s static ones, or new tensors without a runner): the tokens and
         positions (padding after them), the tree mask over the valid committed slots and the pending nodes, the
-        write slots, and the bound the fused decoder reads (``buf.ends`` where ``visible``, else
-        ``buf.prefix_end``). ``mark``: the key of ``buf.high_water`` of these mask columns. Returns ``(inputs,
-        all_parents)``, ``all_parents`` ``[B, P + size]``."""
+        write slots, and the bound the fused decoder reads (``buf.ends``, with ``buf.starts`` from the prefill, where
+        ``visible``; else ``buf.prefix_end``). ``mark``: the key of ``buf.high_water`` of these mask columns.
+        Returns ``(inputs, all_parents)``, ``all_parents`` ``[B, P + size]``."""
         B, M = tokens.shape
         P, Lc = state.num_pending, state.committed
         start = Lc + P

@@ -411,9 +411,8 @@ def _share_prefix(mask: torch.Tensor, prefix_end: torch.Tensor | None, batch: in
     kernels read when given ``prefix_end``."""
     if prefix_end is None:
         return mask
-    shared = torch.arange(mask.shape[-1], device=mask.device) < prefix_end.to(mask.device)[:, None]  # [B or 1, S]
     full = mask.expand(max(batch, mask.shape[0]), *mask.shape[1:])
-    return torch.where(shared[:, None, None], full[:, :, :1], full)
+    return torch.where(_keys_below(mask, prefix_end)[:, None, None], full[:, :, :1], full)
 
 
 def _show_prefix(mask: torch.Tensor, visible_end: torch.Tensor | None, batch: int) -> torch.Tensor:
@@ -421,22 +420,25 @@ def _show_prefix(mask: torch.Tensor, visible_end: torch.Tensor | None, batch: in
     when given ``visible_end`` (they read no mask there)."""
     if visible_end is None:
         return mask
-    seen = torch.arange(mask.shape[-1], device=mask.device) < visible_end.to(mask.device)[:, None]  # [B or 1, S]
     full = mask.expand(max(batch, mask.shape[0]), *mask.shape[1:])
-    return full.masked_fill(seen[:, None, None], 0.0)
+    return full.masked_fill(_keys_below(mask, visible_end)[:, None, None], 0.0)
 
 
 def _hide_past_end(mask: torch.Tensor, kv_end: torch.Tensor | None, batch: int,
                    kv_start: torch.Tensor | None = None) -> torch.Tensor:
     """``mask`` with every key at or past its row's ``kv_end`` (and below its ``kv_start``) hidden (``-inf``): what
     the kernels read."""
-    keys = torch.arange(mask.shape[-1], device=mask.device)
-    for bound, outside in ((kv_end, lambda b: keys >= b), (kv_start, lambda b: keys < b)):
+    for bound, below in ((kv_end, False), (kv_start, True)):
         if bound is not None:
-            hide = outside(bound.to(mask.device)[:, None])  # [B or 1, S]
+            hide = _keys_below(mask, bound) == below
             mask = mask.expand(max(batch, mask.shape[0]), *mask.shape[1:]).masked_fill(hide[:, None, None],
                                                                                     float("-inf"))
     return mask
+
+
+def _keys_below(mask: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """Shape ``[B or 1, S]`` bool: key ``s`` of row ``b`` lies below ``bound[b]``."""
+    return torch.arange(mask.shape[-1], device=mask.device) < bound.to(mask.device)[:, None]
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -475,8 +477,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
             from the committed slots) then sees what query 0 sees there.
         visible_end: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional; not with ``prefix_end``):
             row ``b``'s keys below ``visible_end[b]`` are seen by *every* query whatever the mask says, and the
-            kernels read no mask for them. Pass it where the row's first ``visible_end[b]`` slots all hold real
-            tokens that every query sees (the fast path's committed slots of a dense row, no padding or holes).
+            kernels read no mask for them. Pass it where the row's slots below it (from ``kv_start``, if given)
+            all hold real tokens that every query sees (the fast path's committed slots of a dense row: no holes).
         kv_start: Shape ``[B]`` or ``[1]``, int32/int64, on ``q``'s device (optional): row ``b``'s keys below
             ``kv_start[b]`` are hidden whatever the mask says, and never read; the chunks split the keys from it
             to ``kv_end`` (a left-padded prompt's padding slots: the fast path passes it with ``visible_end``).
