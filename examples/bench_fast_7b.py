@@ -34,6 +34,9 @@ figure is the step's wall time):
 default the library's, cuBLASLt); ``--skinny-rows`` the most rows a projection runs on the tensor-core skinny kernel
 (:func:`specdec.kernels.linear_skinny`: the head's tree levels and updates; 0 turns it off).
 
+``--ragged`` gives the rows prompts of different lengths, left-padded (row ``i`` holds ``context - i * context /
+(2 * batch)`` real tokens): the fast path's ragged batches (tree attention's ``kv_start``) instead of dense ones.
+
 ``--queued N`` times N steps queued back to back per run (no sync between, as ``generate()`` queues them) and
 reports the time / N: the step inside a decoding loop, where the host's launches for the next step overlap the
 device's work. The default (1) times each step alone, from an idle device.
@@ -172,11 +175,19 @@ def hf_eager_step(model, ids):
     return run
 
 
-def specdec_step(adapter, ids, drafter=None, num_drafts: int = 0, sync: bool = True):
+def ragged_mask(batch: int, context: int, device: str) -> torch.Tensor:
+    """``[batch, context]`` attention mask of left-padded prompts: row ``i`` holds ``context - i * (context //
+    (2 * batch))`` real tokens (the last row about half the context)."""
+    real = torch.tensor([context - i * (context // (2 * batch)) for i in range(batch)], device=device)
+    return (torch.arange(context, device=device)[None, :] >= (context - real)[:, None]).long()
+
+
+def specdec_step(adapter, ids, drafter=None, num_drafts: int = 0, sync: bool = True, mask=None):
     """A closure running one :func:`specdec.step.step` from a live state (which it advances). ``sync=False`` is what
     ``generate()`` runs on the fast path: no host sync inside the step (a greedy step with drafts is then one
-    captured forward + verification + commit, :meth:`~specdec.static.StaticAdapter.forward_commit`)."""
-    out = prefill(adapter, ids, drafter=drafter)
+    captured forward + verification + commit, :meth:`~specdec.static.StaticAdapter.forward_commit`). ``mask``: the
+    prompts' ``[B, T]`` attention mask (left padding; ``None``: none)."""
+    out = prefill(adapter, ids, mask, drafter=drafter)
     state = [out.state]
 
     def run():
@@ -269,6 +280,10 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     ids = torch.randint(0, shape["vocab_size"], (batch, args.context), device=device,
                         generator=torch.Generator(device=device).manual_seed(batch))
     kw = dict(warmup=args.warmup, reps=args.reps, device=device, only=args.only, queued=args.queued)
+    mask = ragged_mask(batch, args.context, device) if args.ragged and batch > 1 else None
+
+    def specdec_step(*a, **k):  # every specdec row on the same prompts (left-padded with --ragged)
+        return globals()["specdec_step"](*a, mask=mask, **k)
     # Each speculative step commits at most depth + 1 tokens (warm-up runs included).
     capacity = capacity_for(args.context, (args.warmup + args.reps * args.queued) * (TREE["depth"] + 1), 128)
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
@@ -344,6 +359,8 @@ def main(argv=None):
                         help="the BLAS library captured steps pick GEMMs from (default: the library's, cublaslt)")
     parser.add_argument("--skinny-rows", type=int, default=None,
                         help="the most rows a projection runs on the tensor-core skinny kernel (0: never; default 16)")
+    parser.add_argument("--ragged", action="store_true",
+                        help="left-padded prompts of different lengths (row i: context - i * context / (2 batch))")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
     parser.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = parser.parse_args(argv)
@@ -357,7 +374,7 @@ def main(argv=None):
                 context=args.context, shape=shape, shape_name="tiny" if args.tiny else "Llama-2-7B", tree=TREE,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
-                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas(), pdl=pdl_enabled())
+                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas(), pdl=pdl_enabled(), ragged=args.ragged)
     with decode_kernels(skinny_rows=args.skinny_rows):
         meta["skinny_rows"] = decode_settings()["skinny_rows"]
     torch.manual_seed(1)

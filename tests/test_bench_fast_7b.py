@@ -55,3 +55,21 @@ def test_queued_runs_time_that_many_steps_and_the_restricted_head_drafts_its_sub
     import torch
     kept = set(torch.randperm(V, generator=torch.Generator().manual_seed(2))[:40].tolist())
     assert all(ids and set(ids) <= kept for ids in drafted)
+
+
+def test_ragged_runs_prefill_left_padded_prompts_of_different_lengths(monkeypatch):
+    bench = _bench()
+    mask = bench.ragged_mask(4, 16, "cpu")
+    assert mask.sum(1).tolist() == [16, 14, 12, 10] and (mask[:, -1] == 1).all()
+    assert (mask.diff(dim=1) >= 0).all()  # left padding: zeros, then ones
+    masks = []
+    original = specdec.static.StaticAdapter.prefill
+
+    def recorded(self, ids, attention_mask=None, *args, **kwargs):
+        masks.append(attention_mask)
+        return original(self, ids, attention_mask, *args, **kwargs)
+    monkeypatch.setattr(specdec.static.StaticAdapter, "prefill", recorded)
+    rows = bench.main(["--tiny", "--batches", "4", "--reps", "1", "--warmup", "1", "--context", "16", "--ragged",
+                       "--only", "fast_plain", "fast_spec"])
+    assert not rows[4].get("errors") and rows[4]["fast_plain"] > 0 and rows[4]["fast_spec"] > 0
+    assert masks and all(m is not None and m.sum(1).tolist() == [16, 14, 12, 10] for m in masks)

@@ -112,7 +112,11 @@ def test_linear_checks_its_arguments_and_takes_leading_dims():
 def test_configs_come_from_the_sweep():
     assert fp8_linear_config(10, 4096, 8192) == (64, 256, 2, 4, 5)     # the head's fc: K split
     assert fp8_linear_config(10, 4096, 11008) == (64, 256, 1, 4, 5)    # down_proj: one pass
-    assert fp8_linear_config(10, 22016, 4096) == (64, 256, 1, 4, 5)
+    assert fp8_linear_config(10, 22016, 4096) == (64, 256, 1, 4, 3)    # [gate; up], [q; k; v]: 3 stages
+    assert fp8_linear_config(10, 12288, 4096) == (64, 256, 1, 4, 3)
+    assert fp8_linear_config(10, 8192, 4096) == (64, 256, 2, 4, 5)     # an FR-Spec lm_head: one wave, split
+    assert fp8_linear_config(10, 4096, 4096) == (64, 256, 1, 4, 5)     # o_proj: not split
+    assert fp8_linear_config(10, 32000, 4096) == (64, 256, 1, 4, 5)    # a full lm_head: 5 stages
     assert fp8_linear_config(3, 64, 200)[1] == 128
 
 

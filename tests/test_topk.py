@@ -167,3 +167,28 @@ def test_the_custom_op_traces_under_torch_compile(device):
     lp, ids = fused(x)
     assert lp.dtype == torch.float32 and torch.equal(ids, ref_indices)
     torch.testing.assert_close(lp, ref_values, atol=2e-5, rtol=1e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_packed_keys_and_the_two_reductions_pick_alike_at_every_edge(device, packed, chunk):
+    """One pick per maximum over packed (value, index) keys (the default) and the older two reductions give the
+    stable sort's answer: signed zeros equal (by ascending index), -inf entries ordinary values, denormals and
+    float32 extremes ordered, ties across chunks (``chunk=64``: many merged chunks) and the log-softmax values."""
+    from specdec.kernels.topk import _topk_rows_triton
+
+    tiny = torch.finfo(torch.float32).tiny
+    x = torch.tensor([[0.0, -0.0, -1.0, float("-inf"), -0.0, 0.0, 3.0, -2.0, tiny / 4, -tiny / 4, 3.4e38, -3.4e38]
+                      * 20], device=device)
+    x = torch.cat([x, x.flip(-1), torch.randn(1, 240, generator=torch.Generator().manual_seed(3)).to(device)])
+    for k in (1, 7, 32):
+        values, indices = _topk_rows_triton(x, k, packed=packed, chunk=chunk)
+        ref_values, ref_indices = topk_rows_ref(x, k)
+        assert torch.equal(indices, ref_indices), (k, indices, ref_indices)
+        assert torch.equal(values, ref_values)
+    values, indices = _topk_rows_triton(x[2:] * 5, 10, lse=True, packed=packed, chunk=chunk)
+    ref_values, ref_indices = log_softmax_topk_ref(x[2:] * 5, 10)
+    assert torch.equal(indices, ref_indices)
+    torch.testing.assert_close(values, ref_values, atol=2e-5, rtol=1e-6)

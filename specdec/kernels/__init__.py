@@ -29,8 +29,9 @@ op                                          replaces                            
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
 :func:`silu_mul`                            SwiGLU's ``silu(gate) * up``             1
 :func:`embed_concat`                        a draft head's ``cat([embedding, hidden])`` 1
-:func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries)
-:func:`log_softmax_topk`                    ``log_softmax`` + ``torch.topk`` (same)   1 (2-3 past 4,096 entries)
+:func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries;
+                                                                                     past 1,024 for <= 16 rows)
+:func:`log_softmax_topk`                    ``log_softmax`` + ``torch.topk`` (same)   1 (2-3, as above)
 :func:`tree_attention`                      SDPA of a few queries (tree verification) 2
 :func:`dynamic_tree_level`                  a dynamic tree's per-level bookkeeping     1 (per level)
 :func:`rerank_candidates`                   the dynamic tree's rerank (sorts, search)  2

@@ -210,11 +210,18 @@ def fp8_linear_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, in
     From the session 23 sweep on the H200 (the Llama-2-7B EAGLE head's six matrices, 10 rows, weights cycled past
     L2; ``docs/results/fast_s23``): 64 outputs per program, 256-wide chunks, 5 loads in flight; ``K`` split in two
     where the output blocks are under 100 and ``K`` is a multiple of 512 of at least 8,192 (the head's ``fc``).
+    Session 26's sweep of the same matrices as a chain of dependent launches (7 and 10 rows, ``docs/results/fast_s26``,
+    ``scripts/fp8_sweep.py``): 3 loads in flight for the wide matrices of 12,288 to 24,576 rows (``[q; k; v]`` 17.6
+    -> 17.1 us, ``[gate; up]`` 28.0 -> 26.3; ``down_proj`` needs its 5: 25.0 against 18.6; so does a full 32,000-row
+    ``lm_head``: 37.2 against 36.4) and ``K`` split in two where the output blocks
+    make one partial wave of 100 to 132 programs (the FR-Spec ``lm_head`` of 8,192 rows: 14.7 -> 13.7 us; not for 64
+    blocks, ``o_proj``: 10.0 against 9.4).
     """
     block_k = 256 if k % 256 == 0 else 128
     programs = -(-n // 64)
-    split = 2 if programs < 100 and k >= 8192 and k % 512 == 0 else 1
-    return 64, block_k, split, 4, 5
+    one_wave = 100 <= programs <= 132 and k % 512 == 0
+    split = 2 if (programs < 100 and k >= 8192 and k % 512 == 0) or one_wave else 1
+    return 64, block_k, split, 4, 3 if 12288 <= n <= 24576 else 5
 
 
 @jit

@@ -8,7 +8,11 @@ an EAGLE-3 step's 1.49 ms of GPU time in session 9's profile). Here one program 
 is cut into chunks of :data:`TOPK_CHUNK`, one program each, whose ``k`` best are merged by a second launch of the
 same kernel over the ``chunks * k`` candidates: the k best of the row are among them, and equal values keep
 ascending indices (a chunk's candidates precede the next chunk's). Before chunks, such rows ran the reference, a
-full sort: about 375 us of a 7B EAGLE-2 step's 7.8 ms of GPU time on the H200 (session 12's profile).
+full sort: about 375 us of a 7B EAGLE-2 step's 7.8 ms of GPU time on the H200 (session 12's profile). Few rows take
+narrower chunks (:data:`TOPK_FEW_ROWS_CHUNK`: more programs, shorter loops). Each of the ``k`` picks is one maximum
+over int64 keys that pack the value's order (its float32 bits made order-preserving) above the inverted index, so
+the largest key is the largest value at its smallest index (session 26: 1.2-1.4 us less per call than a maximum
+over the values and then a minimum over the indices holding it, the earlier form, kept behind ``PACKED=False``).
 
 Order: values descending; equal values by ascending index (the order of a stable descending sort, as the reference
 and :func:`specdec.trees.grow_dynamic_tree_ref`'s ``(-score, candidate index)`` order). ``-inf`` entries are
@@ -34,6 +38,13 @@ __all__ = ["TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref
 
 #: The most entries one program holds; longer rows are cut into chunks of at most this size, merged by more launches.
 TOPK_CHUNK = 4096
+#: The chunk width for few rows (at most :data:`TOPK_FEW_ROWS`) of at most :data:`TOPK_FEW_ROWS_MAX_N` entries:
+#: more, shorter programs. Measured on the H200 (session 26, ``docs/results/fast_s26``, log-softmax + top-10, a
+#: chain of 32 calls, packed keys): ``[10, 8192]`` 8.1 -> 7.4 us, ``[1, 8192]`` 7.5 -> 6.6, ``[10, 32000]`` 9.6 ->
+#: 9.5; with 40 rows 1,024-wide chunks were slower (9.2 against 8.3).
+TOPK_FEW_ROWS_CHUNK = 1024
+TOPK_FEW_ROWS = 16
+TOPK_FEW_ROWS_MAX_N = 1 << 16
 #: The longest row the kernels take (a bound on the merging launches: three at most); longer rows run the reference.
 TOPK_MAX_N = 1 << 24
 #: The largest ``k`` the kernel takes (one pass over the row per value); larger ``k`` run the reference.
@@ -104,12 +115,15 @@ def _check(x: torch.Tensor, k: int) -> None:
 @jit
 def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, n_stats, K: tl.constexpr,
                       BLOCK: tl.constexpr, GATHER: tl.constexpr, STATS: tl.constexpr, LSE: tl.constexpr,
-                      MERGE: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+                      MERGE: tl.constexpr, BLOCK_C: tl.constexpr, PACKED: tl.constexpr = True,
+                      PDL: tl.constexpr = False):
     """One program per (row, chunk of ``width <= BLOCK`` entries): the chunk's ``K`` best, written at
     ``[row, chunk, :]``. ``GATHER``: the entries are candidates; write their source indices (``src [row, n]``).
     ``STATS``: also write the chunk's maximum and sum of ``exp(x - max)`` at ``stat [row, chunk, 0:2]``. ``LSE``:
     subtract the row's log-sum-exp from the values written: from this chunk (the whole row), or with ``MERGE``
-    from the ``n_stats`` chunks' statistics at ``stat``."""
+    from the ``n_stats`` chunks' statistics at ``stat``. ``PACKED``: each pick is one maximum over 64-bit keys
+    (:func:`_sort_keys`: the value's order in the high half, the inverted index in the low half) instead of a
+    maximum over the values and a minimum over the indices that hold it."""
     pdl_start(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -133,27 +147,55 @@ def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, 
         s_c = tl.load(stat_ptr + (row * n_stats + c) * 2 + 1, mask=c < n_stats, other=0.0)
         big = tl.max(m_c, axis=0)
         shift = big + tl.log(tl.sum(tl.where(c < n_stats, s_c * tl.exp(m_c - big), 0.0), axis=0))
-    free = inside  # entries not taken yet (padding never)
     out = (row * tl.num_programs(1) + chunk) * K
-    for j in tl.static_range(K):
-        best = tl.max(tl.where(free, x, float("-inf")), axis=0)
-        at = tl.min(tl.where(free & (x == best), offs, n + BLOCK), axis=0)
-        tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
-        if GATHER:
-            tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
-        else:
-            tl.store(i_ptr + out + j, at.to(tl.int64))
-        free = free & (offs != at)
+    if PACKED:
+        keys = _sort_keys(x, offs, inside)
+        for j in tl.static_range(K):
+            top = tl.max(keys, axis=0)
+            at = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int32)
+            ordered = (top >> 32).to(tl.int32)
+            bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
+            best = bits.to(tl.float32, bitcast=True)
+            tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
+            if GATHER:
+                tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
+            else:
+                tl.store(i_ptr + out + j, at.to(tl.int64))
+            keys = tl.where(offs == at, -0x7FFFFFFFFFFFFFFF - 1, keys)
+    else:
+        free = inside  # entries not taken yet (padding never)
+        for j in tl.static_range(K):
+            best = tl.max(tl.where(free, x, float("-inf")), axis=0)
+            at = tl.min(tl.where(free & (x == best), offs, n + BLOCK), axis=0)
+            tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
+            if GATHER:
+                tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
+            else:
+                tl.store(i_ptr + out + j, at.to(tl.int64))
+            free = free & (offs != at)
+
+
+@jit
+def _sort_keys(x, offs, inside):
+    """int64 keys ordered as ``(x descending, offs ascending)``: the high 32 bits are ``x``'s float32 bits made
+    order-preserving as signed integers (negative values' magnitude bits flipped; ``-0.0`` taken as ``+0.0``, equal
+    to it), the low 32 bits ``0xFFFFFFFF - offs``; lanes outside ``inside`` get the smallest int64 (padding never
+    wins, while ``-inf`` entries stay ordinary values)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    keys = (ordered.to(tl.int64) << 32) | (0xFFFFFFFF - offs.to(tl.int64))
+    return tl.where(inside, keys, -0x7FFFFFFFFFFFFFFF - 1)
 
 
 def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *, lse: bool = False,
-                 stats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 stats: torch.Tensor | None = None, packed: bool = True,
+                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``[R, chunks, k]``: each chunk's k best values and indices (``src``: the candidates' source indices). Chunks
     have equal widths (the last one shorter by less than their number), so each holds at least ``k`` entries.
     ``lse``: float32 log-softmax values: a first launch (``src`` ``None``) of several chunks returns their statistics
     ``[R, chunks, 2]`` for the last launch (one chunk), which subtracts the row's log-sum-exp (from ``stats``)."""
     R, n = rows.shape
-    chunks = -(-n // TOPK_CHUNK)
+    chunks = -(-n // (chunk or TOPK_CHUNK))
     width = -(-n // chunks)
     values = torch.empty(R, chunks, k, dtype=torch.float32 if lse else rows.dtype, device=rows.device)
     indices = torch.empty(R, chunks, k, dtype=torch.long, device=rows.device)
@@ -167,17 +209,21 @@ def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *,
                                        new_stats if keep else (stats if n_stats else values), n, width,
                                        rows.stride(0), n_stats, K=k, BLOCK=block, GATHER=src is not None,
                                        STATS=keep, LSE=apply, MERGE=n_stats > 0,
-                                       BLOCK_C=next_pow2(max(n_stats, 1)),
+                                       BLOCK_C=next_pow2(max(n_stats, 1)), PACKED=packed,
                                        num_warps=8 if block >= 4096 else 4, **pdl_launch())
     return values, indices, new_stats if keep else stats
 
 
-def _topk_rows_triton(x: torch.Tensor, k: int, lse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_rows_triton(x: torch.Tensor, k: int, lse: bool = False, packed: bool = True,
+                      chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     rows = as_rows(x)
     R = rows.shape[0]
-    values, indices, stats = _topk_launch(rows, k, lse=lse)
+    if chunk is None and R <= TOPK_FEW_ROWS and rows.shape[1] <= TOPK_FEW_ROWS_MAX_N:
+        chunk = TOPK_FEW_ROWS_CHUNK
+    values, indices, stats = _topk_launch(rows, k, lse=lse, packed=packed, chunk=chunk)
     while values.shape[1] > 1:  # chunks: the k best of their candidates (in chunk order, so ties stay ascending)
-        values, indices, stats = _topk_launch(values.view(R, -1), k, indices.view(R, -1), lse=lse, stats=stats)
+        values, indices, stats = _topk_launch(values.view(R, -1), k, indices.view(R, -1), lse=lse, stats=stats,
+                                              packed=packed, chunk=chunk)
     lead = tuple(x.shape[:-1])
     return values.view(*lead, k), indices.view(*lead, k)
 
