@@ -16,7 +16,8 @@ over the values and then a minimum over the indices holding it, the earlier form
 
 Order: values descending; equal values by ascending index (the order of a stable descending sort, as the reference
 and :func:`specdec.trees.grow_dynamic_tree_ref`'s ``(-score, candidate index)`` order). ``-inf`` entries are
-ordinary values (they come last). NaN inputs are not supported.
+ordinary values (they come last). NaN inputs are not supported. A ``-0.0`` entry comes back as ``+0.0`` (equal to
+it, so the order is the reference's).
 
 Under ``torch.compile`` the kernel is called as the custom op ``torch.ops.specdec.topk_rows`` (opaque to inductor,
 captured inside CUDA graphs like any kernel), so ``generate(fast="compile")`` keeps it.
@@ -193,7 +194,8 @@ def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *,
     """``[R, chunks, k]``: each chunk's k best values and indices (``src``: the candidates' source indices). Chunks
     have equal widths (the last one shorter by less than their number), so each holds at least ``k`` entries.
     ``lse``: float32 log-softmax values: a first launch (``src`` ``None``) of several chunks returns their statistics
-    ``[R, chunks, 2]`` for the last launch (one chunk), which subtracts the row's log-sum-exp (from ``stats``)."""
+    ``[R, chunks, 2]`` for the last launch (one chunk), which subtracts the row's log-sum-exp (from ``stats``).
+    ``packed``: the kernel's ``PACKED`` picks; ``chunk``: the chunk width (default :data:`TOPK_CHUNK`)."""
     R, n = rows.shape
     chunks = -(-n // (chunk or TOPK_CHUNK))
     width = -(-n // chunks)
