@@ -53,6 +53,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -280,27 +281,26 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     ids = torch.randint(0, shape["vocab_size"], (batch, args.context), device=device,
                         generator=torch.Generator(device=device).manual_seed(batch))
     kw = dict(warmup=args.warmup, reps=args.reps, device=device, only=args.only, queued=args.queued)
-    mask = ragged_mask(batch, args.context, device) if args.ragged and batch > 1 else None
-
-    def specdec_step(*a, **k):  # every specdec row on the same prompts (left-padded with --ragged)
-        return globals()["specdec_step"](*a, mask=mask, **k)
+    # every specdec row on the same prompts (left-padded with --ragged)
+    run_step = functools.partial(specdec_step, mask=ragged_mask(batch, args.context, device)
+                                 if args.ragged and batch > 1 else None)
     # Each speculative step commits at most depth + 1 tokens (warm-up runs included).
     capacity = capacity_for(args.context, (args.warmup + args.reps * args.queued) * (TREE["depth"] + 1), 128)
     measure(r, "hf_eager", lambda: hf_eager_step(model, ids), **kw)
-    measure(r, "eager_plain", lambda: specdec_step(ModelAdapter(model), ids), **kw)
-    measure(r, "fast_plain", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw)
+    measure(r, "eager_plain", lambda: run_step(ModelAdapter(model), ids), **kw)
+    measure(r, "fast_plain", lambda: run_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw)
     with decode_kernels(gemv_rows=0):  # the same with cuBLAS for every projection (the one-row kernel off)
-        measure(r, "fast_plain_cublas", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
-                                                             sync=False), **kw)
+        measure(r, "fast_plain_cublas", lambda: run_step(StaticAdapter(model, capacity=capacity), ids,
+                                                         sync=False), **kw)
     with decode_kernels(attention=True):  # + the split-key attention kernel
-        measure(r, "fast_plain_attn", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
-                                                           sync=False), **kw)
+        measure(r, "fast_plain_attn", lambda: run_step(StaticAdapter(model, capacity=capacity), ids,
+                                                       sync=False), **kw)
     with decode_kernels(fused_ops=True):  # the fused element-wise ops alone (SDPA's attention)
-        measure(r, "fast_plain_ops", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
-                                                          sync=False), **kw)
+        measure(r, "fast_plain_ops", lambda: run_step(StaticAdapter(model, capacity=capacity), ids,
+                                                      sync=False), **kw)
     with decode_kernels(attention=True, fused_ops=True):  # + the fused element-wise ops: every decode kernel
-        measure(r, "fast_plain_kernels", lambda: specdec_step(StaticAdapter(model, capacity=capacity), ids,
-                                                              sync=False), **kw)
+        measure(r, "fast_plain_kernels", lambda: run_step(StaticAdapter(model, capacity=capacity), ids,
+                                                          sync=False), **kw)
     r["floor"] = round(floor_ms(model, batch, args.context, bandwidth), 4)
     if args.gptfast and (args.gptfast_batches is None or batch in args.gptfast_batches):
         held = {}
@@ -311,26 +311,26 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
         measure(r, "gptfast", make_gptfast, **kw)
         held.clear()
     layers = head.feature_layers
-    measure(r, "eager_spec", lambda: specdec_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
-    measure(r, "fast_spec", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
-                                                 TREE["depth"], sync=False), **kw)
+    measure(r, "eager_spec", lambda: run_step(ModelAdapter(model, layers), ids, drafter, TREE["depth"]), **kw)
+    measure(r, "fast_spec", lambda: run_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter,
+                                             TREE["depth"], sync=False), **kw)
     with decode_kernels(fused_ops=True):  # the verify forward's element-wise ops fused (its 61 tokens: no GEMV)
-        measure(r, "fast_spec_kernels", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
-                                                             drafter, TREE["depth"], sync=False), **kw)
+        measure(r, "fast_spec_kernels", lambda: run_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                         drafter, TREE["depth"], sync=False), **kw)
     if fr_drafter is not None:  # FR-Spec: the head's lm_head over a subset of the vocabulary (lossless)
-        measure(r, "fast_spec_fr", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
-                                                        fr_drafter, TREE["depth"], sync=False), **kw)
+        measure(r, "fast_spec_fr", lambda: run_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                    fr_drafter, TREE["depth"], sync=False), **kw)
     if fr8_drafter is not None:  # the FR-Spec head rounded to float8 (lossless)
-        measure(r, "fast_spec_fr8", lambda: specdec_step(StaticAdapter(model, layers, capacity=capacity), ids,
-                                                         fr8_drafter, TREE["depth"], sync=False), **kw)
+        measure(r, "fast_spec_fr8", lambda: run_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                     fr8_drafter, TREE["depth"], sync=False), **kw)
     if args.compile and (args.compile_batches is None or batch in args.compile_batches):
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
-        measure(r, "fast_plain_compiled", lambda: specdec_step(StaticAdapter(model, capacity=capacity, capture=cap),
-                                                               ids, sync=False), **kw)
+        measure(r, "fast_plain_compiled", lambda: run_step(StaticAdapter(model, capacity=capacity, capture=cap),
+                                                           ids, sync=False), **kw)
         # the drafter's steps compiled too, as generate(fast="compile") runs them
         compiled_drafter = GraphedDrafter(EagleDrafter(head, DynamicTree(**TREE)), capture=cap)
-        measure(r, "fast_spec_compiled", lambda: specdec_step(
+        measure(r, "fast_spec_compiled", lambda: run_step(
             StaticAdapter(model, layers, capacity=capacity, capture=cap), ids, compiled_drafter, TREE["depth"],
             sync=False), **kw)
     return r

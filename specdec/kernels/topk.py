@@ -151,28 +151,25 @@ def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, 
     out = (row * tl.num_programs(1) + chunk) * K
     if PACKED:
         keys = _sort_keys(x, offs, inside)
-        for j in tl.static_range(K):
+    else:
+        free = inside  # entries not taken yet (padding never)
+    for j in tl.static_range(K):
+        if PACKED:  # the largest key: the largest value at its smallest index
             top = tl.max(keys, axis=0)
             at = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int32)
             ordered = (top >> 32).to(tl.int32)
-            bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
-            best = bits.to(tl.float32, bitcast=True)
-            tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
-            if GATHER:
-                tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
-            else:
-                tl.store(i_ptr + out + j, at.to(tl.int64))
-            keys = tl.where(offs == at, -0x7FFFFFFFFFFFFFFF - 1, keys)
-    else:
-        free = inside  # entries not taken yet (padding never)
-        for j in tl.static_range(K):
+            best = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        else:
             best = tl.max(tl.where(free, x, float("-inf")), axis=0)
             at = tl.min(tl.where(free & (x == best), offs, n + BLOCK), axis=0)
-            tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
-            if GATHER:
-                tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
-            else:
-                tl.store(i_ptr + out + j, at.to(tl.int64))
+        tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
+        if GATHER:
+            tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
+        else:
+            tl.store(i_ptr + out + j, at.to(tl.int64))
+        if PACKED:
+            keys = tl.where(offs == at, -0x7FFFFFFFFFFFFFFF - 1, keys)
+        else:
             free = free & (offs != at)
 
 
