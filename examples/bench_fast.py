@@ -474,6 +474,16 @@ def eagle3_phases(drafter, target, prompts, new_tokens: int, fast: bool | str = 
 
 
 # ---------------------------------------------------------------------------------------------------- report
+def prompt_count(rows: list[dict], loaded: int) -> str:
+    """The title's prompt count: the batch-1 rows' timed inputs when ``--max-seconds`` stopped them early (every row
+    then ran the same first ones), e.g. ``"4 of 8 prompts timed"``, else ``"8 prompts"``."""
+    timed = {r["inputs"] for r in rows if r.get("batch") == 1 and r.get("inputs") is not None}
+    if timed and max(timed) < loaded:
+        shown = "-".join(str(t) for t in sorted({min(timed), max(timed)}))
+        return f"{shown} of {loaded} prompts timed"
+    return f"{loaded} prompts"
+
+
 def checks(rows: list[dict]) -> list[str]:
     """Issue 13's targets, each as one line with the measured figures."""
     by = {r["method"]: r for r in rows if r["batch"] == 1}
@@ -751,8 +761,8 @@ def run_bench(ap, args) -> dict:
         phases = dict(phases or {}, plain_anatomy=anatomy)
 
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    meta = dict(title=f"{name}, {str(dtype).replace('torch.', '')}, greedy, {len(prompts)} prompts cut to their last "
-                      f"{args.prompt_tokens} tokens, {n} new tokens (no EOS stop), cuDNN SDPA off, {gpu}",
+    meta = dict(title=f"{name}, {str(dtype).replace('torch.', '')}, greedy, {prompt_count(rows, len(prompts))} cut to "
+                      f"their last {args.prompt_tokens} tokens, {n} new tokens (no EOS stop), cuDNN SDPA off, {gpu}",
                 batch_note="gpt-fast's generate decodes one prompt at a time here (batch 1 only): batched rows "
                            "compare specdec with HF.",
                 torch=torch.__version__, transformers=__import__("transformers").__version__, args=vars(args),

@@ -107,6 +107,18 @@ def test_summary_rates_and_the_issue_checks():
     assert rows["HF vanilla"]["ms_per_step"] is None  # no steps counted
 
 
+def test_the_title_counts_the_prompts_that_were_timed():
+    from bench_fast import prompt_count
+
+    rows = [{"method": "HF vanilla", "batch": 1, "inputs": 4},
+            {"method": "specdec fast plain", "batch": 1, "inputs": 4},
+            {"method": "HF vanilla", "batch": 4, "inputs": 2}]
+    assert prompt_count(rows, 8) == "4 of 8 prompts timed"  # --max-seconds stopped every batch-1 row at 4
+    assert prompt_count(rows[:1] + [{"method": "x", "batch": 1, "inputs": 3}], 8) == "3-4 of 8 prompts timed"
+    assert prompt_count([{"method": "x", "batch": 1, "inputs": 8}], 8) == "8 prompts"
+    assert prompt_count([], 8) == "8 prompts"
+
+
 def test_captures_inside_timed_calls_are_reported():
     """A call that captured or rebuilt holds time a longer run would not pay per call: time_methods counts what
     moved (the drafter's GraphedDrafter counters, the fast path's held buffers) and the short table names it."""
