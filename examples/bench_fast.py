@@ -475,13 +475,14 @@ def eagle3_phases(drafter, target, prompts, new_tokens: int, fast: bool | str = 
 
 # ---------------------------------------------------------------------------------------------------- report
 def prompt_count(rows: list[dict], loaded: int) -> str:
-    """The title's prompt count: the batch-1 rows' timed inputs when ``--max-seconds`` stopped them early (every row
-    then ran the same first ones), e.g. ``"4 of 8 prompts timed"``, else ``"8 prompts"``."""
-    timed = {r["inputs"] for r in rows if r.get("batch") == 1 and r.get("inputs") is not None}
-    if timed and max(timed) < loaded:
-        shown = "-".join(str(t) for t in sorted({min(timed), max(timed)}))
-        return f"{shown} of {loaded} prompts timed"
-    return f"{loaded} prompts"
+    """The title's prompt count: the batch-1 rows' timed inputs when ``--max-seconds`` stopped them early, e.g.
+    ``"4 of 8 prompts timed"`` (a range where separate timed loops stopped at different counts), else
+    ``"8 prompts"``."""
+    timed = [r["inputs"] for r in rows if r.get("batch") == 1 and r.get("inputs") is not None]
+    if not timed or max(timed) >= loaded:
+        return f"{loaded} prompts"
+    lo, hi = min(timed), max(timed)
+    return f"{hi if lo == hi else f'{lo}-{hi}'} of {loaded} prompts timed"
 
 
 def checks(rows: list[dict]) -> list[str]:
