@@ -18,7 +18,9 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
 - ``specdec fast EAGLE-2`` / ``EAGLE-3`` (``--eagle2`` / ``--eagle3`` head folders; default trees), and the
   parallel drafters ``--peagle`` / ``--dflash`` / ``--dspark`` / ``--medusa`` when given (Medusa: the
   ``mc_sim_7b_63`` tree of ``recipes.medusa``; P-EAGLE / DFlash / DSpark: the chain of their levels, and with
-  ``--parallel-tree NAME`` also a row verifying that level-wise tree of their levels' top-k); with ``--fp8-heads``
+  ``--parallel-tree NAME`` also a row verifying that level-wise tree of their levels' top-k; with ``--chain-k K ..``
+  also their chains of K levels, and with ``--prefetch-rows`` rows with ``GraphedDrafter.prefetch`` on, the next
+  draft replayed inside the update's graph); with ``--fp8-heads``
   also ``specdec fast EAGLE-2 float8`` / ``EAGLE-3 float8``: a copy of the head with its linears rounded to float8
   (:func:`specdec.nn.quantize_fp8_`; lossless, tau may change).
 
@@ -236,12 +238,14 @@ def hf_vanilla(target, new_tokens: int) -> Callable:
     return run
 
 
-def specdec_run(target, drafter, new_tokens: int, *, fast: bool | str, profile: bool = False) -> Callable:
-    """:func:`specdec.generate` on a prompt ``[T]`` or a batch of prompts ``[B, T]`` (left-padded), no EOS stop."""
+def specdec_run(target, drafter, new_tokens: int, *, fast: bool | str, profile: bool = False,
+                num_drafts: int | None = None) -> Callable:
+    """:func:`specdec.generate` on a prompt ``[T]`` or a batch of prompts ``[B, T]`` (left-padded), no EOS stop;
+    ``num_drafts``: ``K`` of every step (default: the drafter's ``max_num_drafts``)."""
     def run(ids: torch.Tensor) -> Run:
         batch, mask = left_pad([ids] if ids.dim() == 1 else list(ids))
         out = sd.generate(target, batch, attention_mask=mask, drafter=drafter, max_new_tokens=new_tokens,
-                          eos_token_id=[], fast=fast, profile=profile)
+                          eos_token_id=[], fast=fast, profile=profile, num_drafts=num_drafts)
         s = out.stats
         T = batch.shape[1]
         tokens = [row[T:T + n].tolist() for row, n in zip(out.sequences, out.num_new_tokens.tolist())]
@@ -280,6 +284,12 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
             makers[f"specdec fast {label} float8"] = (
                 lambda recipe=recipe, head=head: recipe(quantize_fp8_(copy.deepcopy(head).requires_grad_(False))),
                 True)
+        if key in ("peagle", "dflash", "dspark"):
+            for k in getattr(args, "chain_k", None) or ():  # the same chain drafter asked for K = k levels a step
+                makers[f"specdec fast {label} chain K={k}"] = (lambda recipe=recipe, head=head: recipe(head), True, k)
+            if getattr(args, "prefetch_rows", False):  # the next draft inside the update (GraphedDrafter.prefetch)
+                makers[f"specdec fast {label}, next draft in the update"] = (
+                    lambda recipe=recipe, head=head: _prefetching(recipe(head)), True)
         if key in ("peagle", "dflash", "dspark") and getattr(args, "parallel_tree", None):
             # the same head verifying a level-wise tree of its levels' top-k (Medusa's trees), not its chain
             tree = args.parallel_tree
@@ -300,14 +310,23 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
                                               capture_chain=False), "compile")
     if args.only:
         makers = {name: v for name, v in makers.items() if any(part in name for part in args.only)}
+    if getattr(args, "skip", None):
+        makers = {name: v for name, v in makers.items() if not any(part in name for part in args.skip)}
     methods = {}
-    for name, (make, fast) in makers.items():
+    for name, (make, fast, *k) in makers.items():
         try:
-            methods[name] = specdec_run(target, make(), n, fast=fast)
+            methods[name] = specdec_run(target, make(), n, fast=fast, num_drafts=k[0] if k else None)
         except Exception as err:  # recorded; the other rows still run
             errors[f"batch 1 {name}"] = f"{type(err).__name__}: {err}"
             traceback.print_exc()
     return methods
+
+
+def _prefetching(drafter):
+    """``drafter`` (a :class:`~specdec.graphs.GraphedDrafter`) with ``prefetch`` on: its next draft replays inside
+    the update's graph."""
+    drafter.prefetch = True
+    return drafter
 
 
 def load_heads(args, target, device, dtype) -> dict:
@@ -623,9 +642,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile", action="store_true",
                     help='also rows with generate(fast="compile") (torch.compile before each capture)')
     ap.add_argument("--only", nargs="+", default=None, help="keep only the specdec rows whose name holds one of these")
+    ap.add_argument("--skip", nargs="+", default=None, help="drop the specdec rows whose name holds one of these")
     ap.add_argument("--parallel-tree", default=None,
                     help="also rows of P-EAGLE / DFlash / DSpark verifying this level-wise tree (a specdec.trees "
                          "preset, e.g. mc_sim_7b_63) instead of their chain")
+    ap.add_argument("--chain-k", type=int, nargs="+", default=None,
+                    help="also rows of P-EAGLE / DFlash / DSpark verifying chains of these lengths")
+    ap.add_argument("--prefetch-rows", action="store_true",
+                    help="also rows of P-EAGLE / DFlash / DSpark with GraphedDrafter.prefetch on")
     ap.add_argument("--fp8-heads", action="store_true",
                     help="also a row per EAGLE head rounded to float8 (specdec.nn.quantize_fp8_)")
     ap.add_argument("--out", default="runs/bench_fast")

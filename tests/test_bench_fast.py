@@ -58,6 +58,26 @@ def test_fp8_heads_add_a_lossless_row_per_eagle_head(tmp_path):
         assert r["same_as_hf"] == 1.0, r  # float32 target: the rounded heads' drafts are verified as any
 
 
+def test_chain_k_and_prefetch_rows_are_lossless_and_ask_for_their_k(tmp_path):
+    import bench_fast
+
+    out = bench_fast.main(["--quick", "--num-prompts", "2", "--prompt-tokens", "24", "--max-new-tokens", "9",
+                           "--batches", "--warmup", "0", "--chain-k", "2", "--prefetch-rows", "--only", "P-EAGLE",
+                           "--out", str(tmp_path)])
+    assert out["errors"] == {}
+    rows = {r["method"]: r for r in out["rows"]}
+    assert {"specdec fast P-EAGLE chain K=2", "specdec fast P-EAGLE, next draft in the update"} <= set(rows)
+    for r in out["rows"]:
+        assert r["same_as_hf"] == 1.0, r  # float32: the shorter chain and the prefetched drafts are verified as any
+    # a chain of 2 emits at most 3 tokens per target forward (K + 1)
+    assert 1.0 <= rows["specdec fast P-EAGLE chain K=2"]["tau"] <= 3.0
+    out = bench_fast.main(["--quick", "--num-prompts", "1", "--prompt-tokens", "24", "--max-new-tokens", "3",
+                           "--batches", "--warmup", "0", "--chain-k", "2", "--prefetch-rows", "--only", "P-EAGLE",
+                           "--skip", "chain", "--out", str(tmp_path / "skip")])
+    assert [r["method"] for r in out["rows"] if r["method"].startswith("specdec")] == [
+        "specdec fast P-EAGLE", "specdec fast P-EAGLE, next draft in the update"]
+
+
 # gpt-fast's files are not part of the project: the test runs only where SPECDEC_ANCHORS names a folder holding them.
 ANCHORS = os.environ.get("SPECDEC_ANCHORS", "")
 

@@ -212,6 +212,22 @@ def test_load_from_a_hub_id_downloads_the_weights_and_config(target, tmp_path, m
         load_eagle_head(folder / "config.json", target)
 
 
+@pytest.mark.parametrize("loader", ["load_eagle_head", "load_peagle_head", "load_dflash_head", "load_medusa_head"])
+def test_a_missing_local_folder_is_named_not_sent_to_the_hub(target, tmp_path, monkeypatch, loader):
+    import huggingface_hub
+
+    import specdec.formats
+
+    def no_hub(repo_id, **kwargs):
+        raise AssertionError(f"a local path went to the hub: {repo_id}")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
+    load = getattr(specdec.formats, loader)
+    for missing in (tmp_path / "runs" / "final", "./heads/final", "runs/peagle/final"):
+        with pytest.raises(FileNotFoundError, match="no folder at .*config.json"):
+            load(str(missing), target)
+
+
 def _source_eagle3(target, draft_vocab=40, seed=0, norm_before_residual=False, kv_heads=2):
     cfg = _llama_config(kv_heads=kv_heads, eps=1e-5)
     counts = torch.randint(0, 100, (VOCAB,), generator=torch.Generator().manual_seed(seed)).float()

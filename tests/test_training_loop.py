@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import signal
+import threading
 
 import pytest
 import torch
@@ -130,3 +133,22 @@ def test_a_run_cut_by_its_time_budget_still_decays_to_the_floor():
     assert rates[-1] < 0.1 * 0.35                               # and is near its floor (0.01) when time runs out
     # by steps alone the last rate would still be the peak's
     assert cosine_schedule(len(history), total_steps=10_000, peak_lr=0.1, warmup_steps=2) > 0.099
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signal handlers: main thread")
+def test_a_sigterm_ends_training_after_the_current_step_and_the_checkpoint_still_runs(capsys):
+    # e.g. `timeout` running out: the head trained so far is saved instead of lost
+    w = torch.nn.Parameter(torch.tensor([3.0]))
+    saved = []
+
+    def loss_fn(step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while step 3 runs
+        return (w ** 2).sum(), {}
+
+    before = signal.getsignal(signal.SIGTERM)
+    history = fit([w], loss_fn, steps=50, lr=0.1, checkpoint_fn=saved.append)
+    assert [r.step for r in history] == [1, 2, 3, 4]  # step 3 (the fourth) finished, no fifth began
+    assert saved == [4]
+    assert signal.getsignal(signal.SIGTERM) is before  # the process's handler is back
+    assert "stopped: SIGTERM after 4 steps" in capsys.readouterr().err

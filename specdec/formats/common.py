@@ -8,10 +8,47 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_weight_file", "read_weights", "write_checkpoint"]
+__all__ = ["load_weight_file", "read_weights", "resolve_checkpoint", "write_checkpoint"]
 
 _STANDARD = ("model.safetensors", "pytorch_model.bin")
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _looks_local(name: str) -> bool:
+    """Whether ``name`` can only be a local path (a hub id is ``name`` or ``owner/name``, no dots or slashes
+    before it, at most one slash)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name or name.endswith("/")
+
+
+def resolve_checkpoint(path_or_hub_id, *, what: str = "the weights",
+                       patterns: Sequence[str] = ("*.json", "*.safetensors", "*.bin")) -> Path:
+    """The local folder of a checkpoint: ``path_or_hub_id`` itself when it is a folder, else a Hugging Face hub
+    snapshot (``huggingface_hub.snapshot_download`` of the files matching ``patterns``).
+
+    Args:
+        path_or_hub_id: a local folder or a hub id (``owner/name``).
+        what: what the folder holds besides its config.json, for the error messages.
+        patterns: the hub files to fetch.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ValueError: the path is a file.
+        FileNotFoundError: the path is clearly local (``./x``, ``/x``, ``a/b/c``) and no folder is there (instead of
+            the hub's "repo id must be ..." error).
+    """
+    path = Path(path_or_hub_id).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{path} is a file: give the folder that holds config.json and {what}")
+    if _looks_local(str(path_or_hub_id)):
+        raise FileNotFoundError(f"no folder at {path_or_hub_id} (it is not a hub id either): give the folder that "
+                                f"holds config.json and {what}, e.g. the out-dir/<method>/final of a training script")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(path_or_hub_id), allow_patterns=list(patterns)))
 
 
 def load_weight_file(path: Path) -> dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ import torch
 
 from ..heads.common import target_dims
 from ..heads.dflash import DFlashConfig, DFlashHead, DSparkHead
-from .common import read_weights, write_checkpoint
+from .common import read_weights, resolve_checkpoint, write_checkpoint
 
 __all__ = ["DFlashFormatError", "load_dflash_head", "save_dflash_head", "export_dflash_zlab", "mask_token_id_of"]
 
@@ -88,14 +88,7 @@ def mask_token_id_of(config: dict) -> int:
 
 
 def _resolve(path_or_hub_id) -> Path:
-    path = Path(path_or_hub_id)
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise ValueError(f"{path} is a file: give the folder that holds config.json and the weights")
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path_or_hub_id), allow_patterns=["*.json", "*.safetensors", "*.bin"]))
+    return resolve_checkpoint(path_or_hub_id, what="the weights")
 
 
 def _normalize(state: dict, config: dict) -> dict:

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..heads.eagle import Eagle1Head, Eagle3Head, EagleConfig, check_draft_vocab, default_feature_layers, target_dims
-from .common import read_weights, write_checkpoint
+from .common import read_weights, resolve_checkpoint, write_checkpoint
 
 __all__ = ["load_eagle_head", "save_eagle_head", "export_speculators", "read_state_dict"]
 
@@ -49,14 +49,7 @@ _UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 def _resolve(path_or_hub_id) -> Path:
-    path = Path(path_or_hub_id)
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise ValueError(f"{path} is a file: give the folder that holds config.json and the weights")
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path_or_hub_id), allow_patterns=["*.json", "*.safetensors", "*.bin"]))
+    return resolve_checkpoint(path_or_hub_id, what="the weights")
 
 
 def read_state_dict(folder) -> dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ..heads.medusa import MedusaConfig, MedusaHead, medusa_target_dims
-from .common import read_weights
+from .common import read_weights, resolve_checkpoint
 
 __all__ = ["load_medusa_head", "save_medusa_head", "read_medusa_state_dict", "MedusaMismatchError",
            "MedusaFormatError"]
@@ -64,14 +64,8 @@ class MedusaFormatError(ValueError):
 
 
 def _resolve(path_or_hub_id) -> Path:
-    path = Path(path_or_hub_id)
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise ValueError(f"{path} is a file: give the folder that holds config.json and the Medusa weights")
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path_or_hub_id), allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt"]))
+    return resolve_checkpoint(path_or_hub_id, what="the Medusa weights",
+                              patterns=("*.json", "*.safetensors", "*.bin", "*.pt"))
 
 
 def read_medusa_state_dict(folder) -> dict[str, torch.Tensor]:

@@ -10,9 +10,12 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -134,6 +137,29 @@ def _scheduled_step(step: int, steps: int, warmup_steps: int, elapsed: float, ti
     return max(step, int(by_time))
 
 
+@contextlib.contextmanager
+def _stop_on_terminate() -> Iterator[dict]:
+    """Within the block a SIGTERM (e.g. from ``timeout``) sets ``flag["signal"]`` instead of killing the process, so
+    a training loop can end after its current step and its caller still saves what was learned; the old handler
+    is back at once, so a second SIGTERM acts as before. Only in the main thread (elsewhere nothing is installed)."""
+    flag: dict = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        flag["signal"] = signal.Signals(signum).name
+        signal.signal(signal.SIGTERM, previous)  # a second one is not caught
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield flag
+    finally:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: int, lr: float,
         warmup_steps: int = 0, weight_decay: float = 0.0, betas=(0.9, 0.95), grad_clip: float | None = 1.0,
         min_lr_ratio: float = 0.1, desc: str = "train", progress: bool = True, checkpoint_every: int = 0,
@@ -166,10 +192,14 @@ def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: i
             The cosine decay then follows whichever budget runs out first: after warm-up, step ``s`` takes the
             rate of step ``max(s, W + (S - W) * elapsed / time_budget)``, so a run cut by its time budget still
             ends at the floor instead of near ``peak_lr``. ``None``: exactly ``steps`` steps on the step schedule
-            (what makes a run reproducible).
+            (what makes a run reproducible). The budget counts from the first step (data loading is not in it).
+
+    A SIGTERM while training (e.g. ``timeout`` running out, in the main thread) ends the loop after the step under
+    way, as a spent time budget does: the caller's checkpoint and save still run (a second SIGTERM kills).
 
     Returns:
-        One :class:`FitRecord` per step taken (fewer than ``steps`` when the time budget ran out).
+        One :class:`FitRecord` per step taken (fewer than ``steps`` when the time budget ran out or a SIGTERM
+        came).
 
     Example:
         >>> w = torch.nn.Parameter(torch.tensor([3.0]))
@@ -193,26 +223,31 @@ def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: i
     last_saved = 0
     start = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        if time_budget is not None and time.perf_counter() - start >= time_budget:
-            bar.set_description_str(f"{desc} (stopped: time budget {time_budget:g} s spent after {step} steps)")
-            break
-        rate = cosine_schedule(_scheduled_step(step, steps, warmup_steps, time.perf_counter() - start, time_budget),
-                               total_steps=steps, peak_lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
-        for group, scale in zip(optimizer.param_groups, scales):
-            group["lr"] = rate * scale
-        loss, metrics = loss_fn(step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(trained, grad_clip)
-        optimizer.step()
-        value, metrics = _host_values(loss, metrics)
-        history.append(FitRecord(step + 1, value, rate, metrics))
-        bar.set_postfix({"loss": f"{value:.3f}", **{k: f"{v:.3f}" for k, v in metrics.items()}}, refresh=False)
-        if checkpoint_every and (step + 1) % checkpoint_every == 0:
-            checkpoint_fn(step + 1)
-            last_saved = step + 1
+    with _stop_on_terminate() as stop:
+        for step in bar:
+            if time_budget is not None and time.perf_counter() - start >= time_budget:
+                bar.set_description_str(f"{desc} (stopped: time budget {time_budget:g} s spent after {step} steps)")
+                break
+            if stop["signal"] is not None:  # e.g. timeout's SIGTERM: end here, the caller still saves
+                bar.set_description_str(f"{desc} (stopped: {stop['signal']} after {step} steps)")
+                break
+            rate = cosine_schedule(_scheduled_step(step, steps, warmup_steps, time.perf_counter() - start,
+                                                   time_budget),
+                                   total_steps=steps, peak_lr=lr, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
+            for group, scale in zip(optimizer.param_groups, scales):
+                group["lr"] = rate * scale
+            loss, metrics = loss_fn(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(trained, grad_clip)
+            optimizer.step()
+            value, metrics = _host_values(loss, metrics)
+            history.append(FitRecord(step + 1, value, rate, metrics))
+            bar.set_postfix({"loss": f"{value:.3f}", **{k: f"{v:.3f}" for k, v in metrics.items()}}, refresh=False)
+            if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                checkpoint_fn(step + 1)
+                last_saved = step + 1
     bar.close()
     if checkpoint_fn is not None and history and last_saved != len(history):
         checkpoint_fn(len(history))
