@@ -127,6 +127,21 @@ def test_summary_rates_and_the_issue_checks():
     assert rows["HF vanilla"]["ms_per_step"] is None  # no steps counted
 
 
+def test_each_row_is_checked_against_gpt_fast_sps_at_its_own_k():
+    from bench_fast import checks
+
+    def row(method, tps):
+        return {"method": method, "batch": 1, "tokens_per_s": tps, "ratio_vs_gptfast": None, "speedup_vs_hf": 1.0}
+
+    base = [row("gpt-fast vanilla", 1700.0), row("gpt-fast SpS K=4", 1000.0), row("gpt-fast SpS K=8", 1250.0),
+            row("specdec fast SpS K=8", 1900.0), row("specdec fast prompt lookup K=10", 2100.0)]
+    # a chain of 4 between gpt-fast's K=4 and K=8 is ahead at its K; the default chain is held to the best row
+    lines = checks(base + [row("specdec fast DFlash chain K=4", 1100.0), row("specdec fast DFlash", 1200.0)])
+    assert "fast SpS K=8 / gpt-fast SpS K=8 tokens/s = 1.52 (target > 1): ok" in lines
+    assert lines[-1].endswith("MISS (specdec fast DFlash)")
+    assert checks(base + [row("specdec fast DFlash", 1300.0)])[-1].endswith(": ok")
+
+
 def test_the_title_counts_the_prompts_that_were_timed():
     from bench_fast import prompt_count
 
