@@ -136,8 +136,11 @@ def test_a_run_cut_by_its_time_budget_still_decays_to_the_floor():
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signal handlers: main thread")
-def test_a_sigterm_ends_training_after_the_current_step_and_the_checkpoint_still_runs(capsys):
+def test_a_sigterm_ends_training_after_the_current_step_and_the_checkpoint_still_runs(capsys, monkeypatch):
     # e.g. `timeout` running out: the head trained so far is saved instead of lost
+    from specdec.training import loop
+
+    monkeypatch.setitem(loop._TERMINATED, "signal", None)  # the sticky flag is this test's alone
     w = torch.nn.Parameter(torch.tensor([3.0]))
     saved = []
 
@@ -152,3 +155,7 @@ def test_a_sigterm_ends_training_after_the_current_step_and_the_checkpoint_still
     assert saved == [4]
     assert signal.getsignal(signal.SIGTERM) is before  # the process's handler is back
     assert "stopped: SIGTERM after 4 steps" in capsys.readouterr().err
+    # a later training of the same process (a script's next head) takes no step instead of outliving the timeout
+    v = torch.nn.Parameter(torch.tensor([1.0]))
+    later = fit([v], lambda s: ((v ** 2).sum(), {}), steps=5, lr=0.1, checkpoint_fn=saved.append, progress=False)
+    assert later == [] and saved == [4]

@@ -137,24 +137,30 @@ def _scheduled_step(step: int, steps: int, warmup_steps: int, elapsed: float, ti
     return max(step, int(by_time))
 
 
+#: The SIGTERM a training loop caught in this process (``None``: none). Sticky: once one came, every later
+#: :func:`fit` of the process takes no step (a script training several heads in turn ends with the next save
+#: instead of training past its ``timeout``).
+_TERMINATED: dict = {"signal": None}
+
+
 @contextlib.contextmanager
 def _stop_on_terminate() -> Iterator[dict]:
-    """Within the block a SIGTERM (e.g. from ``timeout``) sets ``flag["signal"]`` instead of killing the process, so
-    a training loop can end after its current step and its caller still saves what was learned; the old handler
-    is back at once, so a second SIGTERM acts as before. Only in the main thread (elsewhere nothing is installed)."""
-    flag: dict = {"signal": None}
+    """Within the block a SIGTERM (e.g. from ``timeout``) sets ``_TERMINATED["signal"]`` instead of killing the
+    process, so a training loop can end after its current step and its caller still saves what was learned; the old
+    handler is back at once, so a second SIGTERM acts as before. Only in the main thread (elsewhere nothing is
+    installed)."""
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield _TERMINATED
         return
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
-        flag["signal"] = signal.Signals(signum).name
+        _TERMINATED["signal"] = signal.Signals(signum).name
         signal.signal(signal.SIGTERM, previous)  # a second one is not caught
 
     signal.signal(signal.SIGTERM, handler)
     try:
-        yield flag
+        yield _TERMINATED
     finally:
         if signal.getsignal(signal.SIGTERM) is handler:
             signal.signal(signal.SIGTERM, previous)
@@ -195,7 +201,8 @@ def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: i
             (what makes a run reproducible). The budget counts from the first step (data loading is not in it).
 
     A SIGTERM while training (e.g. ``timeout`` running out, in the main thread) ends the loop after the step under
-    way, as a spent time budget does: the caller's checkpoint and save still run (a second SIGTERM kills).
+    way, as a spent time budget does: the caller's checkpoint and save still run (a second SIGTERM kills). Later
+    ``fit`` calls of the same process then take no step.
 
     Returns:
         One :class:`FitRecord` per step taken (fewer than ``steps`` when the time budget ran out or a SIGTERM
