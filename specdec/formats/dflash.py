@@ -87,10 +87,6 @@ def mask_token_id_of(config: dict) -> int:
     return next(iter(found.values()))
 
 
-def _resolve(path_or_hub_id) -> Path:
-    return resolve_checkpoint(path_or_hub_id, what="the weights")
-
-
 def _normalize(state: dict, config: dict) -> dict:
     out = {}
     for key, value in state.items():
@@ -208,7 +204,7 @@ def load_dflash_head(path_or_hub_id, target, *, dtype: torch.dtype | None = None
     References:
         DFlash arXiv 2602.06036; DSpark arXiv 2607.05147; vllm-project/speculators.
     """
-    folder = _resolve(path_or_hub_id)
+    folder = resolve_checkpoint(path_or_hub_id)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"no config.json in {folder}: a DFlash checkpoint needs its config")
     config = json.loads((folder / "config.json").read_text())

@@ -48,10 +48,6 @@ _UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 # --------------------------------------------------------------------------------------------------------
 
 
-def _resolve(path_or_hub_id) -> Path:
-    return resolve_checkpoint(path_or_hub_id, what="the weights")
-
-
 def read_state_dict(folder) -> dict[str, torch.Tensor]:
     """Read the raw weights of a checkpoint folder (single or sharded, safetensors or PyTorch bin).
 
@@ -177,7 +173,7 @@ def load_eagle_head(path_or_hub_id, target, *, feature_layers=None, dtype: torch
     References:
         EAGLE arXiv 2401.15077; EAGLE-3 arXiv 2503.01840; vllm-project/speculators.
     """
-    folder = _resolve(path_or_hub_id)
+    folder = resolve_checkpoint(path_or_hub_id)
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {folder}: an EAGLE checkpoint needs its config")

@@ -63,11 +63,6 @@ class MedusaFormatError(ValueError):
 # --------------------------------------------------------------------------------------------------------
 
 
-def _resolve(path_or_hub_id) -> Path:
-    return resolve_checkpoint(path_or_hub_id, what="the Medusa weights",
-                              patterns=("*.json", "*.safetensors", "*.bin", "*.pt"))
-
-
 def read_medusa_state_dict(folder) -> dict[str, torch.Tensor]:
     """Read the raw Medusa weights of a checkpoint folder, with the file's own key names.
 
@@ -190,7 +185,8 @@ def load_medusa_head(path_or_hub_id, target, *, dtype: torch.dtype | None = None
         FasterDecoding/Medusa (``MedusaModel.from_pretrained``; the 7B config's head count is wrong); vLLM
         ``Medusa.load_weights``.
     """
-    folder = _resolve(path_or_hub_id)
+    folder = resolve_checkpoint(path_or_hub_id, what="the Medusa weights",
+                                patterns=("*.json", "*.safetensors", "*.bin", "*.pt"))
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
     layout, parts = _parse(_strip_prefixes(read_medusa_state_dict(folder)), config)

@@ -32,8 +32,8 @@ import torch
 
 from ..heads.eagle import target_dims
 from ..heads.peagle import PEagleConfig, PEagleHead, peagle_feature_layers
-from .common import read_weights, write_checkpoint
-from .eagle import _aux_layers_and_vocab, _dtype_name, _llama_config, _normalize_keys, _num_layers, _resolve, _rope
+from .common import read_weights, resolve_checkpoint, write_checkpoint
+from .eagle import _aux_layers_and_vocab, _dtype_name, _llama_config, _normalize_keys, _num_layers, _rope
 
 __all__ = ["PEagleFormatError", "load_peagle_head", "save_peagle_head"]
 
@@ -80,7 +80,7 @@ def load_peagle_head(path_or_hub_id, target, *, feature_layers=None, max_drafts:
     References:
         vllm-project/speculators ``peagle``; vLLM ``parallel_drafting``.
     """
-    folder = _resolve(path_or_hub_id)
+    folder = resolve_checkpoint(path_or_hub_id)
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {folder}: a P-EAGLE checkpoint needs its config")

@@ -144,13 +144,13 @@ _TERMINATED: dict = {"signal": None}
 
 
 @contextlib.contextmanager
-def _stop_on_terminate() -> Iterator[dict]:
+def _stop_on_terminate() -> Iterator[None]:
     """Within the block a SIGTERM (e.g. from ``timeout``) sets ``_TERMINATED["signal"]`` instead of killing the
     process, so a training loop can end after its current step and its caller still saves what was learned; the old
     handler is back at once, so a second SIGTERM acts as before. Only in the main thread (elsewhere nothing is
     installed)."""
     if threading.current_thread() is not threading.main_thread():
-        yield _TERMINATED
+        yield
         return
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -160,7 +160,7 @@ def _stop_on_terminate() -> Iterator[dict]:
 
     signal.signal(signal.SIGTERM, handler)
     try:
-        yield _TERMINATED
+        yield
     finally:
         if signal.getsignal(signal.SIGTERM) is handler:
             signal.signal(signal.SIGTERM, previous)
@@ -230,13 +230,13 @@ def fit(params, loss_fn: Callable[[int], tuple[torch.Tensor, dict]], *, steps: i
     last_saved = 0
     start = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, disable=not progress, dynamic_ncols=True)
-    with _stop_on_terminate() as stop:
+    with _stop_on_terminate():
         for step in bar:
             if time_budget is not None and time.perf_counter() - start >= time_budget:
                 bar.set_description_str(f"{desc} (stopped: time budget {time_budget:g} s spent after {step} steps)")
                 break
-            if stop["signal"] is not None:  # e.g. timeout's SIGTERM: end here, the caller still saves
-                bar.set_description_str(f"{desc} (stopped: {stop['signal']} after {step} steps)")
+            if _TERMINATED["signal"] is not None:  # e.g. timeout's SIGTERM: end here, the caller still saves
+                bar.set_description_str(f"{desc} (stopped: {_TERMINATED['signal']} after {step} steps)")
                 break
             rate = cosine_schedule(_scheduled_step(step, steps, warmup_steps, time.perf_counter() - start,
                                                    time_budget),
