@@ -30,8 +30,8 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
 sys.path.insert(0, ROOT)
 import specdec as sd  # noqa: E402
-import specdec.static  # noqa: E402
 import specdec.generate  # noqa: E402
+import specdec.static  # noqa: E402
 import specdec.step  # noqa: E402
 from specdec.graphs import GraphedDrafter  # noqa: E402
 from specdec.heads import DFlashHead, PEagleHead  # noqa: E402
