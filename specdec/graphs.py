@@ -45,6 +45,19 @@ change: the same kernels run on the same values in the same order. This saves a 
 copies and its output clones per step (the parallel drafters' steps are bound by the host: ``docs/fast_path.md``,
 sessions 19 and 22).
 
+**The update and the next draft inside the caller's step** (``fold=True``, the default). For the same drafters, the
+fast path's greedy verify step (:meth:`specdec.static.StaticAdapter.forward_commit`) asks
+:meth:`GraphedDrafter.fold_for` for the update it is about to need: the absorb step, built before the verify from the
+last feedback of that ``K`` (its shapes; the capacity grows first where it must), and the draft step chained after
+it as above. The verify's
+capture then runs forward, verification, the feedback rows, the absorb step on those rows (never copied out) and
+the next draft: **one graph replay a step instead of three**, the drafter's state tensors copied in as inputs. The
+next ``propose`` returns that draft as it returns a prefetched one. The first step at a ``K`` runs an ordinary
+update, which shows where the draft step's inputs come from; a drafter whose update reads a tensor made from the
+feedback (not the feedback's own tensors) is never folded. Same kernels, same values, same order: float32 greedy
+identity is tested against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the
+fixture's parallel steps took 6-8% less time (``docs/fast_path.md``, session 30).
+
 References:
     NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
     applied by the caller).
@@ -64,7 +77,7 @@ if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them
     from .types import Draft
 
 __all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedStep", "GraphableDrafter",
-           "GraphedDrafter", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound", "settle_bound",
+           "GraphedDrafter", "Fold", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound", "settle_bound",
            "CAPTURE_BLAS_CHOICES", "use_capture_blas", "capture_blas"]
 
 # The BLAS library a captured step's GEMMs are picked from (torch.backends.cuda.preferred_blas_library, set for the
@@ -398,14 +411,17 @@ class GraphedDrafter:
         max_num_drafts, feature_layers, vocab_size: the wrapped drafter's.
         counts: running totals for diagnosis: ``captures`` (graphs captured), ``replays``, ``eager`` (steps run
             eagerly: no key, e.g. a prompt-wide update), ``buffer_changes`` (new buffers: every held graph was
-            dropped) and ``prefetched`` (drafts ``propose`` returned from the update's graph; see the module). A
-            benchmark reads them around a timed run to see whether it captured anything.
+            dropped), ``prefetched`` (drafts ``propose`` returned from the update's graph or from a fold; see the
+            module) and ``folded`` (updates run inside a caller's captured step, :meth:`fold_for`). A benchmark
+            reads them around a timed run to see whether it captured anything.
         prefetch: compute the next draft inside ``update`` for drafters that allow it (module docstring; default
             off).
+        fold: let a caller run the update and the next draft inside its own captured step (:meth:`fold_for`;
+            the fast path's greedy verify step does; default on).
     """
 
     def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
-                 device_types: tuple[str, ...] = ("cuda",), prefetch: bool = False):
+                 device_types: tuple[str, ...] = ("cuda",), prefetch: bool = False, fold: bool = True):
         if not isinstance(drafter, GraphableDrafter):
             raise TypeError(f"{type(drafter).__name__} cannot be graphed: it needs draft_step(), absorb_step() and "
                             f"start(..., static=, buffers=) (see specdec.graphs); use it unwrapped")
@@ -415,11 +431,14 @@ class GraphedDrafter:
         self._graphs: dict = {}
         self._buffers: Any = None
         self._buffer_ids: tuple = ()
-        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0, "prefetched": 0}
+        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0, "prefetched": 0, "folded": 0}
         self.prefetch = bool(prefetch)
         self._request: Any = None  # the last propose's request: the template of the next one
         self._prefetched: tuple | None = None  # (state, roots, num_drafts, (draft, state)) from the last update
         self._unfused: set = set()  # update+draft keys found not fusable (see _update_and_draft)
+        self.fold = bool(fold)
+        self._fold_plans: dict = {}  # (absorb key, its inputs' spec, K) -> where the next draft's inputs come from
+        self._fold_feedback: dict = {}  # K -> the last feedback seen at that K (shapes for the absorb step)
 
     def __repr__(self) -> str:
         return f"cuda_graphed({self.drafter!r})"
@@ -463,7 +482,7 @@ class GraphedDrafter:
         if ids != self._buffer_ids:  # new buffers: graphs captured on the old ones are stale
             self.counts["buffer_changes"] += bool(self._graphs)
             self._graphs, self._buffers, self._buffer_ids = {}, buffers, ids
-            self._unfused = set()
+            self._unfused, self._fold_plans = set(), {}
 
     def _run(self, step: Step) -> Any:
         self._track(step.buffers)
@@ -530,15 +549,40 @@ class GraphedDrafter:
         if not self._captures_on(feedback.tokens.device):
             return self.drafter.update(state, feedback)
         absorb = self.drafter.absorb_step(state, feedback)
-        if (not self.prefetch or self._request is None or absorb.key is None
-                or not getattr(self.drafter, "prefetches_drafts", False)):
+        if self._request is None or absorb.key is None or not getattr(self.drafter, "prefetches_drafts", False):
             return self._run(absorb)
-        return self._update_and_draft(absorb, feedback)
+        if self.prefetch:
+            return self._update_and_draft(absorb, feedback)
+        if self._folds():
+            return self._learn_fold(absorb, feedback)
+        return self._run(absorb)
+
+    def _next_request(self, roots: torch.Tensor) -> ProposeRequest:
+        """The next step's request as far as a drafter that drafts ahead reads it: the last propose's ``K``, and
+        ``roots``."""
+        return self._request._replace(roots=roots, root_positions=None, active=None)
+
+    def _discover(self, absorb: Step, inputs: tuple, request: ProposeRequest
+                  ) -> tuple[Any, Step, list | None, str]:
+        """Run ``absorb`` (its graph when held, else eagerly) and build the next draft step from its state.
+
+        Returns ``(state, draft step, sources, how)``: ``sources`` (:func:`_sources`) says where each input of the
+        draft step lies among the absorb step's outputs and ``inputs``, ``None`` where the two steps do not chain
+        (the draft step has no key, other buffers, or an input from elsewhere); ``how`` is the count the absorb
+        step's run falls under (``"replays"`` or ``"eager"``)."""
+        captured = self._graphs.get((absorb.key, _spec(absorb.inputs)))
+        outputs = captured.run_matching(absorb.inputs) if captured else absorb.fn(*absorb.inputs)
+        state = absorb.finish(outputs)
+        draft = self.drafter.draft_step(state, request)
+        sources = _sources(draft.inputs, outputs, inputs)
+        if draft.key is None or draft.buffers is not absorb.buffers:
+            sources = None
+        return state, draft, sources, "replays" if captured else "eager"
 
     def _update_and_draft(self, absorb: Step, feedback: Feedback) -> Any:
         """``update`` through one graph that also drafts the next step (module docstring); the draft is kept for
         the next :meth:`propose`."""
-        request = self._request._replace(roots=feedback.roots, root_positions=None, active=None)
+        request = self._next_request(feedback.roots)
         self._track(absorb.buffers)
         inputs = (*absorb.inputs, feedback.roots)
         key = (("update+draft", absorb.key, request.num_drafts), _spec(inputs))
@@ -546,14 +590,10 @@ class GraphedDrafter:
             return self._run(absorb)
         entry = self._graphs.get(key)
         if entry is None:  # first time: run the absorb step alone, see where the draft step's inputs come from
-            captured_absorb = self._graphs.get((absorb.key, _spec(absorb.inputs)))
-            outputs = captured_absorb.run_matching(absorb.inputs) if captured_absorb else absorb.fn(*absorb.inputs)
-            state = absorb.finish(outputs)
-            draft = self.drafter.draft_step(state, request)
-            sources = _sources(draft.inputs, outputs, inputs)
-            if draft.key is None or sources is None or draft.buffers is not absorb.buffers:
+            state, draft, sources, how = self._discover(absorb, inputs, request)
+            if sources is None:
                 self._unfused.add(key)  # not fusable at this key: the plain update from now on
-                self.counts["replays" if captured_absorb else "eager"] += 1
+                self.counts[how] += 1
                 return state
             fused = _chain(absorb.fn, draft.fn, draft.inputs, sources, len(absorb.inputs))
             self._graphs[key] = entry = (self.capture(fused, inputs), draft.key)
@@ -568,6 +608,125 @@ class GraphedDrafter:
             return state
         self._prefetched = (state, feedback.roots, request.num_drafts, draft.finish(draft_outputs))
         return state
+
+    def _folds(self) -> bool:
+        """Whether updates may be folded into a caller's captured step: ``fold`` is on and the steps are not
+        compiled (a fold runs inside the caller's capture, which does not compile the drafter)."""
+        return self.fold and getattr(self.capture, "compile_fn", None) is None
+
+    def _learn_fold(self, absorb: Step, feedback: Feedback) -> Any:
+        """``update`` with ``fold`` on: the absorb step runs as usual; once per key it runs apart from its graph so
+        that the next draft step can be built from its state and :meth:`fold_for` learns where that step's inputs
+        come from (as :meth:`_update_and_draft` does). The feedback is kept (per ``K``) for its shapes."""
+        request = self._next_request(feedback.roots)
+        self._track(absorb.buffers)
+        self._fold_feedback[request.num_drafts] = feedback
+        key = (absorb.key, _spec(absorb.inputs), request.num_drafts)
+        if key in self._fold_plans or key in self._unfused:
+            return self._run(absorb)
+        state, draft, sources, how = self._discover(absorb, (*absorb.inputs, feedback.roots), request)
+        self.counts[how] += 1
+        if sources is None:
+            self._unfused.add(key)
+        else:
+            self._fold_plans[key] = (draft.fn, draft.inputs, sources, draft.key)
+        return state
+
+    @torch.no_grad()
+    def fold_for(self, state: Any, num_drafts: int, device: torch.device) -> Fold | None:
+        """The update of a verify step about to run and the draft of the step after it, as work for the caller's
+        own captured step (the fast path's greedy verify, :meth:`specdec.static.StaticAdapter.forward_commit`):
+        one graph replay a step instead of three, and none of the update's copies and clones.
+
+        Offered for drafters that draft ahead (``prefetches_drafts``: P-EAGLE, DFlash, DSpark) once an ordinary
+        :meth:`update` at this ``K`` has shown where the draft step's inputs come from; the absorb step is built
+        here, before the verify, from the last feedback of this ``K`` (its shapes: its ``finish`` must read nothing
+        else of it; the heads' do not), so the cache grows, where it must, before anything runs. The draft is
+        returned by the next :meth:`propose` given the state ``finish`` returns, the same ``roots`` tensor and this
+        ``K``; any other propose drafts anew. The results are the unfolded steps': the same kernels on the same
+        values in the same order.
+
+        Args:
+            state: the drafter state the update would get (the one ``propose`` returned).
+            num_drafts: this step's ``K`` (the next draft's too).
+            device: where the step runs.
+
+        Returns:
+            A :class:`Fold`, or ``None`` (run :meth:`update` after the step as usual): off, not on a captured device,
+            a drafter that does not draft ahead, nothing learnt yet at this key, or an absorb input that is neither
+            the feedback's nor the state's (a tensor made from the feedback cannot be read from a template).
+        """
+        template = self._fold_feedback.get(num_drafts)
+        if (template is None or self._request is None or not self._folds() or not self._captures_on(device)
+                or not getattr(self.drafter, "prefetches_drafts", False)):
+            return None
+        absorb = self.drafter.absorb_step(state, template)
+        if absorb.key is None:
+            return None
+        self._track(absorb.buffers)
+        spec = _spec(absorb.inputs)
+        plan = self._fold_plans.get((absorb.key, spec, num_drafts))
+        if plan is None:
+            return None
+        draft_fn, draft_inputs, sources, draft_key = plan[:4]
+        from_feedback = {id(t): i for i, t in enumerate(_leaves(template))}
+        from_state = {id(t) for t in _leaves(state)}
+        picks, extra = [], []
+        for t in _leaves(absorb.inputs):
+            if id(t) in from_feedback:
+                picks.append(("feedback", from_feedback[id(t)]))
+            elif id(t) in from_state:
+                picks.append(("state", len(extra)))
+                extra.append(t)
+            else:
+                return None
+        if len(plan) == 4 or plan[4] != picks:  # the caller captures run once per key: build it once per layout
+            absorb_fn, absorb_inputs = absorb.fn, absorb.inputs
+
+            def run(feedback: Feedback, *state_tensors: torch.Tensor) -> tuple[Any, Any]:
+                pools = {"feedback": _leaves(feedback), "state": state_tensors}
+                leaves = iter([pools[kind][i] for kind, i in picks])
+                args = _map(lambda _: next(leaves), absorb_inputs)
+                outputs = absorb_fn(*args)
+                pools = {"out": _leaves(outputs), "in": _leaves((*args, feedback.roots))}
+                leaves = iter([pools[kind][i] for kind, i in sources])
+                return outputs, draft_fn(*_map(lambda _: next(leaves), draft_inputs))
+            plan = self._fold_plans[(absorb.key, spec, num_drafts)] = (*plan[:4], picks, run)
+        run = plan[5]
+
+        def finish(outputs: tuple[Any, Any], roots: torch.Tensor) -> Any:
+            absorbed, drafted = _map(torch.Tensor.clone, outputs)  # the caller's next replay overwrites them
+            new_state = absorb.finish(absorbed)
+            self.counts["folded"] += 1
+            draft = self.drafter.draft_step(new_state, self._next_request(roots)._replace(num_drafts=num_drafts))
+            if draft.key == draft_key:
+                self._prefetched = (new_state, roots, num_drafts, draft.finish(drafted))
+            return new_state
+
+        self._prefetched = None
+        key = ("fold", absorb.key, spec, num_drafts, draft_key, tuple(picks), self._buffer_ids)
+        return Fold(key=key, extra=tuple(extra), run=run, finish=finish)
+
+
+class Fold(NamedTuple):
+    """A drafter's update and next draft as work for a caller's captured step (:meth:`GraphedDrafter.fold_for`).
+
+    Attributes:
+        key: names the work (the caller captures once per key): the absorb and draft steps' keys, the absorb
+            inputs' spec, ``K`` and the drafter's buffers.
+        extra: the drafter's state tensors the work reads: the caller copies them into its captured inputs at
+            every call and passes them to ``run`` after the feedback.
+        run: ``run(feedback, *extra) -> outputs``, inside the capture: the absorb step on ``feedback`` (a
+            :class:`~specdec.drafters.Feedback` of the caller's captured tensors), then the draft step for the
+            next request (its roots: ``feedback.roots``); no host sync.
+        finish: ``finish(outputs, roots) -> state``, on the host after the caller's step ran: the two steps'
+            bookkeeping; ``roots`` is the tensor the next request will carry (the draft waits for it).
+    """
+
+    key: Hashable
+    extra: tuple
+    run: Callable[..., Any]
+    finish: Callable[[Any, torch.Tensor], Any]
 
 
 def _sources(targets, outputs, inputs) -> list[tuple[str, int]] | None:

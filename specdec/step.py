@@ -361,33 +361,64 @@ def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, 
                    drafter, active, clock) -> StepOutput:
     """:func:`_tree_late` for a greedy step on an adapter with ``forward_commit``: the ids' check, forward, verify,
     emitted tokens, feedback rows and the late commit replay as one captured step (identical results, fewer
-    launches)."""
+    launches). A graphed drafter that drafts ahead adds its update and next draft to that step
+    (:meth:`specdec.graphs.GraphedDrafter.fold_for`): then the drafter is not called after it."""
     verifier = select_verifier(draft.scheme, GREEDY)
     live = _all_rows(state.roots) if active is None else active
     vocab = adapter.vocab_size
-    (result, tokens, counts, rows, path, bad), cache = adapter.forward_commit(
-        state.cache, nodes, draft.parents, positions, present,
-        _greedy_decision(verifier, num_drafts, draft.scheme, vocab), (draft.parents, live),
-        ("greedy", verifier, num_drafts, draft.scheme, vocab))
+    decide = _greedy_decision(verifier, num_drafts, draft.scheme, vocab)
+    extra, key = (draft.parents, live), ("greedy", verifier, num_drafts, draft.scheme, vocab)
+    # A graphed drafter that drafts ahead may run its update and next draft inside the same capture (one replay).
+    fold_for = getattr(drafter, "fold_for", None)
+    fold = fold_for(state.drafter_state, num_drafts, nodes.device) if fold_for is not None else None
+    if fold is not None:
+        decide, extra, key = _folded(decide, fold.run), extra + fold.extra, key + (fold.key,)
+    outputs, cache = adapter.forward_commit(state.cache, nodes, draft.parents, positions, present, decide, extra, key)
+    outputs, folded = outputs if fold is not None else (outputs, None)
+    result, tokens, counts, rows, path, bad = outputs
     for phase in ("target", "verify", "commit"):
         _tick(clock, phase)
     # The captured step's outputs are overwritten by its next replay: the new roots outlive it.
     result = result._replace(next_tokens=result.next_tokens.clone())
+    if fold is not None:
+        drafter_state = fold.finish(folded, result.next_tokens)
+        return _late_output(state, cache, draft, result, path, tokens, counts, None, bad, drafter, clock,
+                            drafter_state)
     copies = getattr(drafter, "copies_feedback", None)
     if drafter is not None and not (copies is not None and copies(tokens.device)):
         rows = type(rows)(*(tuple(t.clone() for t in f) if isinstance(f, tuple) else f.clone() for f in rows))
     return _late_output(state, cache, draft, result, path, tokens, counts, rows, bad, drafter, clock)
 
 
+def _feedback(rows, roots: torch.Tensor, path: torch.Tensor) -> Feedback:
+    """What the drafter absorbs after a late step: the feedback rows (``kernels.accepted_feedback``), the new
+    roots and the accepted path."""
+    return Feedback(tokens=rows.committed, next_tokens=rows.next_tokens, positions=rows.positions, valid=rows.valid,
+                    features=rows.features, roots=roots, accepted_nodes=path)
+
+
+def _folded(decide: Callable, run: Callable) -> Callable:
+    """``decide`` followed, inside the same capture, by a drafter's folded update and next draft
+    (:meth:`specdec.graphs.GraphedDrafter.fold_for`) on the feedback it made; ``extra`` past ``decide``'s own are
+    the drafter's state tensors."""
+    def decide_and_fold(logits, features, nodes, positions, parents, active, *state):
+        keep, keep_counts, outputs = decide(logits, features, nodes, positions, parents, active)
+        result, _, _, rows, path, _ = outputs
+        return keep, keep_counts, (outputs, run(_feedback(rows, result.next_tokens, path), *state))
+    return decide_and_fold
+
+
 def _late_output(state: DecodeState, cache, draft: Draft, result: VerifyResult, path: torch.Tensor,
-                 tokens: torch.Tensor, counts: torch.Tensor, rows, bad: torch.Tensor | None, drafter, clock
-                 ) -> StepOutput:
-    """A late tree step's end: the drafter absorbs ``rows``, and the tokens start their way to the host."""
+                 tokens: torch.Tensor, counts: torch.Tensor, rows, bad: torch.Tensor | None, drafter, clock,
+                 folded_state: Any = None) -> StepOutput:
+    """A late tree step's end: the drafter absorbs ``rows`` (unless its update ran folded into the step: then
+    ``folded_state`` is its new state), and the tokens start their way to the host."""
     drafter_state = state.drafter_state
-    if drafter is not None:
-        drafter_state = drafter.update(drafter_state, Feedback(
-            tokens=rows.committed, next_tokens=rows.next_tokens, positions=rows.positions, valid=rows.valid,
-            features=rows.features, roots=result.next_tokens, accepted_nodes=path))
+    if folded_state is not None:
+        drafter_state = folded_state
+        _tick(clock, "update")
+    elif drafter is not None:
+        drafter_state = drafter.update(drafter_state, _feedback(rows, result.next_tokens, path))
         _tick(clock, "update")
     # The tokens on their way to the host: per row its count, its tokens, then the bad-id flags (read one step late).
     packed = torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)

@@ -461,3 +461,106 @@ def test_the_compiled_fast_path_keeps_a_wrappers_prefetch(target):
     assert compiled_ahead.prefetch and not compiled_apart.prefetch and compiled_ahead.drafter is eager
     assert fast_drafter(GraphedDrafter(eager, prefetch=True), "compile") is compiled_ahead
     assert fast_drafter(ahead, "graphs") is ahead
+
+
+# --------------------------------------------------------------------------------------------------------
+# The update and the next draft folded into the fast path's verify step (GraphedDrafter.fold_for)
+# --------------------------------------------------------------------------------------------------------
+
+
+def _recording(graphed: GraphedDrafter) -> list:
+    """Every draft ``graphed.propose`` returns, recorded on the instance (the wrapper keeps its ``fold_for``)."""
+    drafts, propose = [], graphed.propose
+
+    def recorded(state, request):
+        draft, state = propose(state, request)
+        drafts.append(draft)
+        return draft, state
+    graphed.propose = recorded
+    return drafts
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("method", ["peagle", "dflash", "dspark"])
+def test_the_verify_step_runs_the_update_and_next_draft_folded_with_the_same_drafts(method, device):
+    """generate(fast=True) with a drafter that drafts ahead: from the second step on, the update and the next draft
+    run inside the verify step's capture (one replay a step) and give the drafts, tokens and acceptance of the
+    unfolded steps (fold=False) and of the eager drafter; a second call captures nothing new."""
+    target = tiny_model("llama", seed=0, scale=4.0).to(device)
+    ids, mask = (t.to(device) for t in _prompts(3, 1))
+    kw = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    runs = {}
+    for fold in (True, False):
+        if device == "cpu":
+            graphed = GraphedDrafter(_drafter(method, target), capture=_Counting(capture_strict),
+                                     device_types=("cpu",), fold=fold)
+        else:
+            graphed = GraphedDrafter(_drafter(method, target), fold=fold)
+        drafts = _recording(graphed)
+        out = sd.generate(target, ids, drafter=graphed, fast=True, **kw)
+        runs[fold] = (out, graphed, drafts)
+    eager = sd.generate(target, ids, drafter=_drafter(method, target), **kw)
+    (folded, g_fold, d_fold), (apart, g_apart, d_apart) = runs[True], runs[False]
+    for out in (folded, apart):
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
+    assert folded.stats.num_draft_forwards == apart.stats.num_draft_forwards
+    assert len(d_fold) == len(d_apart) == folded.stats.num_steps
+    for x, y in zip(d_fold, d_apart):
+        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.parents, y.parents)
+    steps = folded.stats.num_steps
+    assert g_fold.counts["folded"] >= steps - 2 and g_fold.counts["prefetched"] >= steps - 2
+    assert g_apart.counts["folded"] == 0 and g_apart.counts["prefetched"] == 0
+    assert g_fold.counts["replays"] < g_apart.counts["replays"] - steps  # no update graph, no propose graph
+    captures = g_fold.counts["captures"]
+    again = sd.generate(target, ids, drafter=g_fold, fast=True, **kw)
+    assert torch.equal(again.sequences, eager.sequences) and g_fold.counts["captures"] == captures
+
+
+def test_a_fold_follows_k_changes_and_plain_steps_step_by_step(target):
+    """Steps driven by hand on the static adapter with K changing and a plain step between: the folded drafter
+    emits what the unfolded one emits at every step, folds where it has seen the K before, and drafts anew when
+    the K changes (no draft made ahead serves another K)."""
+    from specdec.static import StaticAdapter
+    from specdec.step import prefill, step
+
+    ids, mask = _prompts(2, 4)
+    schedule = (3, 3, 3, 2, 2, 0, 3, 3, 2)
+    emitted, graphed = {}, {}
+    for fold in (True, False):
+        g = graphed[fold] = GraphedDrafter(_drafter("dflash", target), capture=_Counting(capture_strict),
+                                           device_types=("cpu",), fold=fold)
+        adapter = StaticAdapter(target, g.feature_layers, capacity=128)
+        out = prefill(adapter, ids, mask, drafter=g)
+        rows = []
+        for K in schedule:
+            out = step(adapter, out.state, drafter=g, num_drafts=K, sync=False)
+            rows.append([list(r) for r in out.emitted])
+        emitted[fold] = rows
+    assert emitted[True] == emitted[False]
+    assert graphed[True].counts["folded"] >= 3 and graphed[False].counts["folded"] == 0
+    # steps 2-3 and 5 fold (K seen before); a step after a K change or the plain step drafts in its propose
+    assert graphed[True].counts["prefetched"] < len(schedule) - 2
+
+
+class _DerivedValid(ParallelDrafter):
+    """A drafter whose update reads a tensor made from the feedback (a copy of ``valid``): not foldable."""
+
+    def absorb_step(self, state, feedback):
+        return super().absorb_step(state, feedback._replace(valid=feedback.valid.clone()))
+
+
+def test_a_drafter_whose_update_reads_a_tensor_made_from_the_feedback_is_not_folded(target):
+    """fold_for refuses an absorb input that is neither the feedback's nor the state's (it could only be read
+    from a template, stale): such a drafter updates after the step as before, with the same tokens; Medusa
+    (stateless, no drafting ahead) and fold=False never fold."""
+    dflash = _drafter("dflash", target)
+    derived = _DerivedValid(dflash.head, TREE)
+    ids, mask = _prompts(3, 1)
+    kw = dict(attention_mask=mask, max_new_tokens=14, eos_token_id=[])
+    plain = sd.generate(target, ids, **kw)
+    for drafter, fold in ((derived, True), (_drafter("medusa", target), True), (dflash, False)):
+        g = GraphedDrafter(drafter, capture=_Counting(capture_strict), device_types=("cpu",), fold=fold)
+        out = sd.generate(target, ids, drafter=g, fast=True, **kw)
+        assert torch.equal(out.sequences, plain.sequences)
+        assert g.counts["folded"] == 0 and out.stats.num_steps > 3

@@ -690,8 +690,10 @@ class DFlashHead(nn.Module):
             feedback: the step's :class:`~specdec.drafters.Feedback`.
 
         Returns:
-            A step: inputs ``(lengths, positions, valid, features)``; ``fn`` writes the context K/V and returns
-            the new lengths; key ``("update",)``, or ``None`` for a prompt's width.
+            A step: inputs ``(lengths, positions, valid, features, roots)``; ``fn`` writes the context K/V and
+            returns ``(new lengths, roots)``; ``finish`` reads nothing of ``feedback`` but its width (what a caller
+            folding the step into its own capture relies on, :meth:`specdec.graphs.GraphedDrafter.fold_for`); key
+            ``("update",)``, or ``None`` for a prompt's width.
         """
         M = feedback.tokens.shape[1]
         if M == 0:
@@ -702,24 +704,25 @@ class DFlashHead(nn.Module):
         cache = state.cache
 
         def absorb(lengths: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                   features: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                   features: tuple[torch.Tensor, ...], roots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             valid = valid.bool()
             slots = torch.where(valid, positions, torch.full_like(positions, cache.capacity - 1))
             rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
             for i, (k, v) in enumerate(self.context_kv(self.context(features), positions)):
                 cache.keys[i][rows, :, slots] = rearrange(k, "b h t d -> b t h d").to(cache.keys.dtype)
                 cache.values[i][rows, :, slots] = rearrange(v, "b h t d -> b t h d").to(cache.values.dtype)
-            return torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1))
+            return torch.maximum(lengths, torch.where(valid, positions + 1, 0).amax(1)), roots
 
-        def finish(lengths: torch.Tensor) -> DFlashState:
+        def finish(carry: tuple[torch.Tensor, torch.Tensor]) -> DFlashState:
+            lengths, roots = carry
             bound, since, mark = state.bound + M, state.since_resync + 1, state.mark
             if since >= self.resync_every and mark is None:  # re-tightened once the copy has arrived
                 mark, since = mark_bound(lengths, bound), 0
-            return DFlashState(cache, lengths, feedback.roots, bound, since, mark)
+            return DFlashState(cache, lengths, roots, bound, since, mark)
 
         key = ("update",) if M <= self.num_levels + 1 else None
-        return Step(fn=absorb, inputs=(state.lengths, feedback.positions, feedback.valid, tuple(feedback.features)),
-                    finish=finish, key=key, buffers=cache)
+        return Step(fn=absorb, inputs=(state.lengths, feedback.positions, feedback.valid, tuple(feedback.features),
+                                       feedback.roots), finish=finish, key=key, buffers=cache)
 
     def draft_step(self, state: DFlashState, request=None) -> Step:
         """:meth:`level_outputs` as a :class:`~specdec.graphs.Step` over the whole cache (capturable).
