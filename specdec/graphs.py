@@ -45,18 +45,18 @@ change: the same kernels run on the same values in the same order. This saves a 
 copies and its output clones per step (the parallel drafters' steps are bound by the host: ``docs/fast_path.md``,
 sessions 19 and 22).
 
-**The update and the next draft inside the caller's step** (``fold=True``, the default). For the same drafters, the
-fast path's greedy verify step (:meth:`specdec.static.StaticAdapter.forward_commit`) asks
-:meth:`GraphedDrafter.fold_for` for the update it is about to need: the absorb step, built before the verify from the
-last feedback of that ``K`` (its shapes; the capacity grows first where it must), and the draft step chained after
-it as above. The verify's
-capture then runs forward, verification, the feedback rows, the absorb step on those rows (never copied out) and
-the next draft: **one graph replay a step instead of three**, the drafter's state tensors copied in as inputs. The
-next ``propose`` returns that draft as it returns a prefetched one. The first step at a ``K`` runs an ordinary
-update, which shows where the draft step's inputs come from; a drafter whose update reads a tensor made from the
-feedback (not the feedback's own tensors) is never folded. Same kernels, same values, same order: float32 greedy
-identity is tested against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the
-fixture's parallel steps took 6-8% less time (``docs/fast_path.md``, session 30).
+**The update and the next draft inside the caller's step** (``fold=True``, the default). For the same drafters (and
+EAGLE-1/2/3 built with ``EagleDrafter(fold=True)``, opt-in), the fast path's greedy verify step
+(:meth:`specdec.static.StaticAdapter.forward_commit`) asks :meth:`GraphedDrafter.fold_for` for the update it is
+about to need: the absorb step, built before the verify from the last feedback of that ``K`` (its shapes; the
+capacity grows first where it must), and the draft step chained after it as above. The verify's capture then runs
+forward, verification, the feedback rows, the absorb step on those rows (never copied out) and the next draft: **one
+graph replay a step instead of three**, the drafter's state tensors copied in as inputs. The next ``propose``
+returns that draft as it returns a prefetched one. The first step at a ``K`` runs an ordinary update, which shows
+where the draft step's inputs come from; a drafter whose update reads a tensor made from the feedback (not the
+feedback's own tensors) is never folded. Same kernels, same values, same order: float32 greedy identity is tested
+against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the fixture's parallel
+steps took 6-8% less time (``docs/fast_path.md``, session 30).
 
 References:
     NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
@@ -549,18 +549,18 @@ class GraphedDrafter:
         if not self._captures_on(feedback.tokens.device):
             return self.drafter.update(state, feedback)
         absorb = self.drafter.absorb_step(state, feedback)
-        if self._request is None or absorb.key is None or not getattr(self.drafter, "prefetches_drafts", False):
+        if self._request is None or absorb.key is None:
             return self._run(absorb)
-        if self.prefetch:
+        if self.prefetch and getattr(self.drafter, "prefetches_drafts", False):
             return self._update_and_draft(absorb, feedback)
         if self._folds():
             return self._learn_fold(absorb, feedback)
         return self._run(absorb)
 
-    def _next_request(self, roots: torch.Tensor) -> ProposeRequest:
-        """The next step's request as far as a drafter that drafts ahead reads it: the last propose's ``K``, and
-        ``roots``."""
-        return self._request._replace(roots=roots, root_positions=None, active=None)
+    def _next_request(self, roots: torch.Tensor, root_positions: torch.Tensor | None = None) -> ProposeRequest:
+        """The next step's request as far as a drafter that drafts ahead reads it: the last propose's ``K``,
+        ``roots`` and (for a fold) ``root_positions``."""
+        return self._request._replace(roots=roots, root_positions=root_positions, active=None)
 
     def _discover(self, absorb: Step, inputs: tuple, request: ProposeRequest
                   ) -> tuple[Any, Step, list | None, str]:
@@ -610,21 +610,27 @@ class GraphedDrafter:
         return state
 
     def _folds(self) -> bool:
-        """Whether updates may be folded into a caller's captured step: ``fold`` is on and the steps are not
-        compiled (a fold runs inside the caller's capture, which does not compile the drafter)."""
-        return self.fold and getattr(self.capture, "compile_fn", None) is None
+        """Whether updates may be folded into a caller's captured step: ``fold`` is on, the drafter allows it
+        (``folds_drafts``) and the steps are not compiled (a fold runs inside the caller's capture, which does not
+        compile the drafter)."""
+        return (self.fold and getattr(self.drafter, "folds_drafts", False)
+                and getattr(self.capture, "compile_fn", None) is None)
 
     def _learn_fold(self, absorb: Step, feedback: Feedback) -> Any:
         """``update`` with ``fold`` on: the absorb step runs as usual; once per key it runs apart from its graph so
         that the next draft step can be built from its state and :meth:`fold_for` learns where that step's inputs
         come from (as :meth:`_update_and_draft` does). The feedback is kept (per ``K``) for its shapes."""
-        request = self._next_request(feedback.roots)
+        if feedback.tokens.shape[1] > self.drafter.max_num_drafts + 1:  # a prompt's width: never a step's
+            return self._run(absorb)
         self._track(absorb.buffers)
-        self._fold_feedback[request.num_drafts] = feedback
-        key = (absorb.key, _spec(absorb.inputs), request.num_drafts)
+        self._fold_feedback[self._request.num_drafts] = feedback
+        key = (absorb.key, _spec(absorb.inputs), self._request.num_drafts)
         if key in self._fold_plans or key in self._unfused:
             return self._run(absorb)
-        state, draft, sources, how = self._discover(absorb, (*absorb.inputs, feedback.roots), request)
+        # the next root positions: inside the fold, the verify step's own (each row's length after the commit)
+        positions = torch.zeros_like(feedback.roots)
+        request = self._next_request(feedback.roots, positions)
+        state, draft, sources, how = self._discover(absorb, (*absorb.inputs, feedback.roots, positions), request)
         self.counts[how] += 1
         if sources is None:
             self._unfused.add(key)
@@ -638,13 +644,14 @@ class GraphedDrafter:
         own captured step (the fast path's greedy verify, :meth:`specdec.static.StaticAdapter.forward_commit`):
         one graph replay a step instead of three, and none of the update's copies and clones.
 
-        Offered for drafters that draft ahead (``prefetches_drafts``: P-EAGLE, DFlash, DSpark) once an ordinary
-        :meth:`update` at this ``K`` has shown where the draft step's inputs come from; the absorb step is built
-        here, before the verify, from the last feedback of this ``K`` (its shapes: its ``finish`` must read nothing
-        else of it; the heads' do not), so the cache grows, where it must, before anything runs. The draft is
-        returned by the next :meth:`propose` given the state ``finish`` returns, the same ``roots`` tensor and this
-        ``K``; any other propose drafts anew. The results are the unfolded steps': the same kernels on the same
-        values in the same order.
+        Offered for drafters whose greedy draft step reads of a request only ``K``, ``roots`` and
+        ``root_positions`` (``folds_drafts``: P-EAGLE, DFlash, DSpark; EAGLE-1/2/3 built with ``fold=True``) once
+        an ordinary :meth:`update` at this ``K`` has shown where the draft step's inputs come from; the absorb step is
+        built here, before the verify, from the last feedback of this ``K`` (its shapes: its ``finish`` must read
+        nothing else of it; the drafters' do not), so the cache grows, where it must, before anything runs. The draft
+        is returned by the next :meth:`propose` given the state ``finish`` returns, the same ``roots`` tensor and this
+        ``K``; any other propose drafts anew. The same kernels run on the same values: float32 results equal the
+        unfolded steps' (tested); in bf16 EAGLE's drafts were seen to drift from them (session 30, not explained).
 
         Args:
             state: the drafter state the update would get (the one ``propose`` returned).
@@ -657,8 +664,7 @@ class GraphedDrafter:
             the feedback's nor the state's (a tensor made from the feedback cannot be read from a template).
         """
         template = self._fold_feedback.get(num_drafts)
-        if (template is None or self._request is None or not self._folds() or not self._captures_on(device)
-                or not getattr(self.drafter, "prefetches_drafts", False)):
+        if template is None or self._request is None or not self._folds() or not self._captures_on(device):
             return None
         absorb = self.drafter.absorb_step(state, template)
         if absorb.key is None:
@@ -683,22 +689,24 @@ class GraphedDrafter:
         if len(plan) == 4 or plan[4] != picks:  # the caller captures run once per key: build it once per layout
             absorb_fn, absorb_inputs = absorb.fn, absorb.inputs
 
-            def run(feedback: Feedback, *state_tensors: torch.Tensor) -> tuple[Any, Any]:
+            def run(feedback: Feedback, root_positions: torch.Tensor, *state_tensors: torch.Tensor
+                    ) -> tuple[Any, Any]:
                 pools = {"feedback": _leaves(feedback), "state": state_tensors}
                 leaves = iter([pools[kind][i] for kind, i in picks])
                 args = _map(lambda _: next(leaves), absorb_inputs)
                 outputs = absorb_fn(*args)
-                pools = {"out": _leaves(outputs), "in": _leaves((*args, feedback.roots))}
+                pools = {"out": _leaves(outputs), "in": _leaves((*args, feedback.roots, root_positions))}
                 leaves = iter([pools[kind][i] for kind, i in sources])
                 return outputs, draft_fn(*_map(lambda _: next(leaves), draft_inputs))
             plan = self._fold_plans[(absorb.key, spec, num_drafts)] = (*plan[:4], picks, run)
         run = plan[5]
 
-        def finish(outputs: tuple[Any, Any], roots: torch.Tensor) -> Any:
+        def finish(outputs: tuple[Any, Any], roots: torch.Tensor, root_positions: torch.Tensor) -> Any:
             absorbed, drafted = _map(torch.Tensor.clone, outputs)  # the caller's next replay overwrites them
             new_state = absorb.finish(absorbed)
             self.counts["folded"] += 1
-            draft = self.drafter.draft_step(new_state, self._next_request(roots)._replace(num_drafts=num_drafts))
+            request = self._next_request(roots, root_positions)._replace(num_drafts=num_drafts)
+            draft = self.drafter.draft_step(new_state, request)
             if draft.key == draft_key:
                 self._prefetched = (new_state, roots, num_drafts, draft.finish(drafted))
             return new_state
@@ -716,11 +724,13 @@ class Fold(NamedTuple):
             inputs' spec, ``K`` and the drafter's buffers.
         extra: the drafter's state tensors the work reads: the caller copies them into its captured inputs at
             every call and passes them to ``run`` after the feedback.
-        run: ``run(feedback, *extra) -> outputs``, inside the capture: the absorb step on ``feedback`` (a
-            :class:`~specdec.drafters.Feedback` of the caller's captured tensors), then the draft step for the
-            next request (its roots: ``feedback.roots``); no host sync.
-        finish: ``finish(outputs, roots) -> state``, on the host after the caller's step ran: the two steps'
-            bookkeeping; ``roots`` is the tensor the next request will carry (the draft waits for it).
+        run: ``run(feedback, root_positions, *extra) -> outputs``, inside the capture: the absorb step on
+            ``feedback`` (a :class:`~specdec.drafters.Feedback` of the caller's captured tensors), then the draft
+            step for the next request (its roots ``feedback.roots``, its root positions ``root_positions``: each
+            row's length after the commit, ``[B]``); no host sync.
+        finish: ``finish(outputs, roots, root_positions) -> state``, on the host after the caller's step ran: the
+            two steps' bookkeeping; ``roots`` is the tensor the next request will carry (the draft waits for it),
+            ``root_positions`` the new lengths.
     """
 
     key: Hashable

@@ -381,7 +381,7 @@ def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, 
     # The captured step's outputs are overwritten by its next replay: the new roots outlive it.
     result = result._replace(next_tokens=result.next_tokens.clone())
     if fold is not None:
-        drafter_state = fold.finish(folded, result.next_tokens)
+        drafter_state = fold.finish(folded, result.next_tokens, cache.lengths)
         return _late_output(state, cache, draft, result, path, tokens, counts, None, bad, drafter, clock,
                             drafter_state)
     copies = getattr(drafter, "copies_feedback", None)
@@ -404,7 +404,8 @@ def _folded(decide: Callable, run: Callable) -> Callable:
     def decide_and_fold(logits, features, nodes, positions, parents, active, *state):
         keep, keep_counts, outputs = decide(logits, features, nodes, positions, parents, active)
         result, _, _, rows, path, _ = outputs
-        return keep, keep_counts, (outputs, run(_feedback(rows, result.next_tokens, path), *state))
+        lengths = positions[:, 0] + keep_counts  # each row's length after the commit: the next roots' positions
+        return keep, keep_counts, (outputs, run(_feedback(rows, result.next_tokens, path), lengths, *state))
     return decide_and_fold
 
 

@@ -564,3 +564,51 @@ def test_a_drafter_whose_update_reads_a_tensor_made_from_the_feedback_is_not_fol
         out = sd.generate(target, ids, drafter=g, fast=True, **kw)
         assert torch.equal(out.sequences, plain.sequences)
         assert g.counts["folded"] == 0 and out.stats.num_steps > 3
+
+
+def _eagle(kind: str, target):
+    """An EAGLE drafter (EAGLE-2's dynamic tree on an EAGLE-1 head, or EAGLE-3 on Medusa's static tree), perturbed."""
+    from specdec.drafters import EagleDrafter
+    from specdec.heads import Eagle1Head, Eagle3Head
+    from specdec.trees import EAGLE_MC_SIM_7B_63, DynamicTree, StaticTree
+
+    torch.manual_seed(3)
+    if kind == "eagle2":
+        head, tree = Eagle1Head.from_target(target).float(), DynamicTree(total_tokens=12, depth=4, top_k=3)
+    else:
+        head, tree = Eagle3Head.from_target(target, feature_layers=(0, 1, 2)).float(), StaticTree(EAGLE_MC_SIM_7B_63)
+    return EagleDrafter(_perturbed(head.to(next(target.parameters()).device), 7, 0.1), tree, fold=True)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("kind", ["eagle2", "eagle3"])
+def test_eagle_drafters_fold_their_update_and_next_draft_too(kind, device):
+    """EAGLE's draft step also reads the request's root positions: the fold (opt-in, ``EagleDrafter(fold=True)``)
+    gives it each row's length after the commit from inside the verify step. Drafts, tokens, acceptance and draft
+    forwards equal fold=False's and the eager drafter's (float32, ragged rows); without the opt-in, no fold."""
+    target = tiny_model("llama", seed=0, scale=4.0).to(device)
+    ids, mask = (t.to(device) for t in _prompts(3, 1))
+    kw = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    runs = {}
+    for fold in (True, False):
+        on_cpu = dict(capture=_Counting(capture_strict), device_types=("cpu",)) if device == "cpu" else {}
+        graphed = GraphedDrafter(_eagle(kind, target), fold=fold, **on_cpu)
+        drafts = _recording(graphed)
+        runs[fold] = (sd.generate(target, ids, drafter=graphed, fast=True, **kw), graphed, drafts)
+    eager = sd.generate(target, ids, drafter=_eagle(kind, target), **kw)
+    (folded, g_fold, d_fold), (apart, g_apart, d_apart) = runs[True], runs[False]
+    for out in (folded, apart):
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
+    assert folded.stats.num_draft_forwards == apart.stats.num_draft_forwards
+    assert len(d_fold) == len(d_apart) > 3
+    for x, y in zip(d_fold, d_apart):
+        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.parents, y.parents)
+        assert torch.equal(x.depths, y.depths)
+    assert g_fold.counts["folded"] >= folded.stats.num_steps - 2 and g_apart.counts["folded"] == 0
+    if device == "cpu":
+        default = _eagle(kind, target)
+        default.fold = False  # the default: EAGLE's fold is opt-in
+        graphed = GraphedDrafter(default, capture=_Counting(capture_strict), device_types=("cpu",))
+        out = sd.generate(target, ids, drafter=graphed, fast=True, **kw)
+        assert torch.equal(out.sequences, eager.sequences) and graphed.counts["folded"] == 0

@@ -235,6 +235,12 @@ class ParallelDrafter:
         step hooks (P-EAGLE, DFlash, DSpark), without a gate that trims (a host sync)."""
         return self._steps and not (self.gate is not None and bool(getattr(self.gate, "trim", False)))
 
+    @property
+    def folds_drafts(self) -> bool:
+        """Whether :class:`~specdec.graphs.GraphedDrafter` may run the update and the next draft inside the fast
+        path's verify step (:meth:`~specdec.graphs.GraphedDrafter.fold_for`): as :attr:`prefetches_drafts`."""
+        return self.prefetches_drafts
+
     def __repr__(self) -> str:
         gate = "" if self.gate is None else f", gate={self.gate!r}"
         return f"ParallelDrafter({type(self.head).__name__}, {self.policy!r}{gate})"

@@ -1,13 +1,15 @@
-"""Session 30: the parallel drafters' update and next draft folded into the fast path's verify step
+"""Session 30: the drafters' update and next draft folded into the fast path's verify step
 (``GraphedDrafter(fold=True)``, the default now) against the three replays a step of before (``fold=False``).
 
 Random heads from the fixture target (tau ~1-2: ~100-127 steps per 128-token call), bf16, greedy, batch 1, prompts
-cut to their last 256 tokens; P-EAGLE's chain of 8, DFlash's and DSpark's blocks of 8, each with ``fold`` on and off,
-alternating twice in one process: ms per step, median ms per call, the drafter's counts (folded steps), and
-whether the two give the same tokens. Then the host's time per step split by phase with the fold on (perf_counter
-around ``fold_for``, ``forward_commit``, ``propose`` / ``update`` and ``step()``).
+cut to their last 256 tokens; ``--methods``: P-EAGLE's chain of 8, DFlash's and DSpark's blocks of 8 (default),
+EAGLE-2 / EAGLE-3 (their recipes' dynamic trees). Each prompt runs with the fold on, then off, drafter by drafter
+(interleaved, ``--reps`` rounds): ms per step (medians, and the median of per-call ratios), folded steps, whether
+the tokens agree; the drafts of one call compared; then the host's time per step by phase (perf_counter around
+``fold_for``, ``forward_commit``, ``propose`` / ``update`` and ``step()``).
 
     python docs/results/fast_s30/scripts/fold_ab.py --fx .fixtures/fx --out $OUT/fold.json
+    python docs/results/fast_s30/scripts/fold_ab.py --fx .fixtures/fx --methods EAGLE-2 EAGLE-3
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ sys.path.insert(0, ROOT)
 import specdec as sd  # noqa: E402
 import specdec.static  # noqa: E402
 from specdec.graphs import GraphedDrafter  # noqa: E402
-from specdec.heads import DFlashHead, DSparkHead, PEagleHead  # noqa: E402
+from specdec.heads import DFlashHead, DSparkHead, Eagle1Head, Eagle3Head, PEagleHead  # noqa: E402
 
 CLOCK = collections.defaultdict(float)
 
@@ -54,6 +56,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--methods", nargs="+", default=["P-EAGLE", "DFlash", "DSpark"],
+                    choices=["P-EAGLE", "DFlash", "DSpark", "EAGLE-2", "EAGLE-3"])
     ap.add_argument("--device", default="cuda", help="cpu: a dry run (the fold needs captures: device_types)")
     args = ap.parse_args()
     import transformers
@@ -65,12 +69,18 @@ def main() -> None:
         prompts = [json.loads(line)["prompt"] for line in fh][:args.prompts]
     ids = [tok(p, return_tensors="pt").input_ids[0, -256:].to(device) for p in prompts]
     torch.manual_seed(0)
-    heads = {"P-EAGLE": (sd.recipes.peagle, PEagleHead.from_target(target, num_layers=2, max_drafts=8)),
-             "DFlash": (sd.recipes.dflash, DFlashHead.from_target(target, block_size=8, num_layers=2)),
-             "DSpark": (sd.recipes.dspark, DSparkHead.from_target(target, block_size=8, num_layers=2))}
+    heads = {"P-EAGLE": (sd.recipes.peagle, lambda: PEagleHead.from_target(target, num_layers=2, max_drafts=8)),
+             "DFlash": (sd.recipes.dflash, lambda: DFlashHead.from_target(target, block_size=8, num_layers=2)),
+             "DSpark": (sd.recipes.dspark, lambda: DSparkHead.from_target(target, block_size=8, num_layers=2)),
+             "EAGLE-2": (sd.recipes.eagle2, lambda: Eagle1Head.from_target(target)),
+             "EAGLE-3": (sd.recipes.eagle3, lambda: Eagle3Head.from_target(target))}
     drafters = {}
-    for name, (recipe, head) in heads.items():
+    for name in args.methods:
+        recipe, make = heads[name]
+        head = make()
         inner = recipe(head.to(device, torch.bfloat16).eval()).drafter
+        if hasattr(inner, "fold"):  # EAGLE's fold is opt-in (EagleDrafter(fold=True)) since call E
+            inner.fold = True
         on = dict(device_types=(device,)) if device == "cuda" else dict(device_types=(device,),
                                                                          capture=sd.graphs.capture_graph_ref)
         drafters[name] = {True: GraphedDrafter(inner, fold=True, **on), False: GraphedDrafter(inner, fold=False, **on)}
