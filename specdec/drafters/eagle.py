@@ -116,8 +116,7 @@ class EagleDrafter:
         path's verify step (:meth:`~specdec.graphs.GraphedDrafter.fold_for`; a greedy :meth:`draft_step` reads of a
         request only ``num_drafts`` and ``root_positions``): only when built with ``fold=True``. Off by default:
         on the H200 (session 30) the fold took 3.5% off a fixture EAGLE-2 / EAGLE-3 step but made the 7B EAGLE-2
-        step 0.45 ms slower, and in bf16 its drafts left the unfolded ones' after 2-22 steps (float32: identical;
-        not explained yet)."""
+        step 0.14-0.45 ms slower (queued / from an idle device; the same kernel time)."""
         return self.fold
 
     # ---- cache bookkeeping ---------------------------------------------------------------------------
