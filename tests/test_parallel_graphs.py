@@ -480,6 +480,29 @@ def _recording(graphed: GraphedDrafter) -> list:
     return drafts
 
 
+def _fold_against_apart(make, target, ids, device: str, kw: dict):
+    """generate(fast=True) through a graphed ``make()`` with the fold on and off, and eagerly: both graphed runs give
+    the eager tokens and acceptance, the same draft forwards and, step by step, the same drafts. Returns
+    ``((out, wrapper) folded, (out, wrapper) apart, eager out)``."""
+    runs = {}
+    for fold in (True, False):
+        on_cpu = dict(capture=_Counting(capture_strict), device_types=("cpu",)) if device == "cpu" else {}
+        graphed = GraphedDrafter(make(), fold=fold, **on_cpu)
+        drafts = _recording(graphed)
+        runs[fold] = (sd.generate(target, ids, drafter=graphed, fast=True, **kw), graphed, drafts)
+    eager = sd.generate(target, ids, drafter=make(), **kw)
+    (folded, g_fold, d_fold), (apart, g_apart, d_apart) = runs[True], runs[False]
+    for out in (folded, apart):
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
+    assert folded.stats.num_draft_forwards == apart.stats.num_draft_forwards
+    assert len(d_fold) == len(d_apart) == folded.stats.num_steps > 3
+    for x, y in zip(d_fold, d_apart):
+        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.parents, y.parents)
+        assert torch.equal(x.depths, y.depths)
+    return (folded, g_fold), (apart, g_apart), eager
+
+
 @pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("method", ["peagle", "dflash", "dspark"])
 def test_the_verify_step_runs_the_update_and_next_draft_folded_with_the_same_drafts(method, device):
@@ -489,25 +512,8 @@ def test_the_verify_step_runs_the_update_and_next_draft_folded_with_the_same_dra
     target = tiny_model("llama", seed=0, scale=4.0).to(device)
     ids, mask = (t.to(device) for t in _prompts(3, 1))
     kw = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=[])
-    runs = {}
-    for fold in (True, False):
-        if device == "cpu":
-            graphed = GraphedDrafter(_drafter(method, target), capture=_Counting(capture_strict),
-                                     device_types=("cpu",), fold=fold)
-        else:
-            graphed = GraphedDrafter(_drafter(method, target), fold=fold)
-        drafts = _recording(graphed)
-        out = sd.generate(target, ids, drafter=graphed, fast=True, **kw)
-        runs[fold] = (out, graphed, drafts)
-    eager = sd.generate(target, ids, drafter=_drafter(method, target), **kw)
-    (folded, g_fold, d_fold), (apart, g_apart, d_apart) = runs[True], runs[False]
-    for out in (folded, apart):
-        assert torch.equal(out.sequences, eager.sequences)
-        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
-    assert folded.stats.num_draft_forwards == apart.stats.num_draft_forwards
-    assert len(d_fold) == len(d_apart) == folded.stats.num_steps
-    for x, y in zip(d_fold, d_apart):
-        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.parents, y.parents)
+    (folded, g_fold), (apart, g_apart), eager = _fold_against_apart(
+        lambda: _drafter(method, target), target, ids, device, kw)
     steps = folded.stats.num_steps
     assert g_fold.counts["folded"] >= steps - 2 and g_fold.counts["prefetched"] >= steps - 2
     assert g_apart.counts["folded"] == 0 and g_apart.counts["prefetched"] == 0
@@ -589,22 +595,7 @@ def test_eagle_drafters_fold_their_update_and_next_draft_too(kind, device):
     target = tiny_model("llama", seed=0, scale=4.0).to(device)
     ids, mask = (t.to(device) for t in _prompts(3, 1))
     kw = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=[])
-    runs = {}
-    for fold in (True, False):
-        on_cpu = dict(capture=_Counting(capture_strict), device_types=("cpu",)) if device == "cpu" else {}
-        graphed = GraphedDrafter(_eagle(kind, target), fold=fold, **on_cpu)
-        drafts = _recording(graphed)
-        runs[fold] = (sd.generate(target, ids, drafter=graphed, fast=True, **kw), graphed, drafts)
-    eager = sd.generate(target, ids, drafter=_eagle(kind, target), **kw)
-    (folded, g_fold, d_fold), (apart, g_apart, d_apart) = runs[True], runs[False]
-    for out in (folded, apart):
-        assert torch.equal(out.sequences, eager.sequences)
-        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
-    assert folded.stats.num_draft_forwards == apart.stats.num_draft_forwards
-    assert len(d_fold) == len(d_apart) > 3
-    for x, y in zip(d_fold, d_apart):
-        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.parents, y.parents)
-        assert torch.equal(x.depths, y.depths)
+    (folded, g_fold), (_, g_apart), eager = _fold_against_apart(lambda: _eagle(kind, target), target, ids, device, kw)
     assert g_fold.counts["folded"] >= folded.stats.num_steps - 2 and g_apart.counts["folded"] == 0
     if device == "cpu":
         default = _eagle(kind, target)
