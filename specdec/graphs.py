@@ -417,7 +417,8 @@ class GraphedDrafter:
         prefetch: compute the next draft inside ``update`` for drafters that allow it (module docstring; default
             off).
         fold: let a caller run the update and the next draft inside its own captured step (:meth:`fold_for`;
-            the fast path's greedy verify step does; default on).
+            the fast path's greedy verify step does; default on). With ``prefetch`` on, the update's own graph
+            drafts ahead instead and nothing is folded.
     """
 
     def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
