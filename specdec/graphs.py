@@ -438,7 +438,7 @@ class GraphedDrafter:
         self._prefetched: tuple | None = None  # (state, roots, num_drafts, (draft, state)) from the last update
         self._unfused: set = set()  # update+draft keys found not fusable (see _update_and_draft)
         self.fold = bool(fold)
-        self._fold_plans: dict = {}  # (absorb key, its inputs' spec, K) -> where the next draft's inputs come from
+        self._fold_plans: dict = {}  # (absorb key, its inputs' spec, K) -> _FoldPlan
         self._fold_feedback: dict = {}  # K -> the last feedback seen at that K (shapes for the absorb step)
 
     def __repr__(self) -> str:
@@ -636,7 +636,7 @@ class GraphedDrafter:
         if sources is None:
             self._unfused.add(key)
         else:
-            self._fold_plans[key] = (draft.fn, draft.inputs, sources, draft.key)
+            self._fold_plans[key] = _FoldPlan(draft.fn, draft.inputs, sources, draft.key)
         return state
 
     @torch.no_grad()
@@ -675,7 +675,6 @@ class GraphedDrafter:
         plan = self._fold_plans.get((absorb.key, spec, num_drafts))
         if plan is None:
             return None
-        draft_fn, draft_inputs, sources, draft_key = plan[:4]
         from_feedback = {id(t): i for i, t in enumerate(_leaves(template))}
         from_state = {id(t) for t in _leaves(state)}
         picks, extra = [], []
@@ -687,20 +686,17 @@ class GraphedDrafter:
                 extra.append(t)
             else:
                 return None
-        if len(plan) == 4 or plan[4] != picks:  # the caller captures run once per key: build it once per layout
-            absorb_fn, absorb_inputs = absorb.fn, absorb.inputs
+        if plan.picks != picks:  # the caller captures run once per key: build it once per layout
+            absorb_inputs = absorb.inputs
+            chained = _chain(absorb.fn, plan.draft_fn, plan.draft_inputs, plan.sources, len(absorb_inputs))
 
             def run(feedback: Feedback, root_positions: torch.Tensor, *state_tensors: torch.Tensor
                     ) -> tuple[Any, Any]:
                 pools = {"feedback": _leaves(feedback), "state": state_tensors}
                 leaves = iter([pools[kind][i] for kind, i in picks])
-                args = _map(lambda _: next(leaves), absorb_inputs)
-                outputs = absorb_fn(*args)
-                pools = {"out": _leaves(outputs), "in": _leaves((*args, feedback.roots, root_positions))}
-                leaves = iter([pools[kind][i] for kind, i in sources])
-                return outputs, draft_fn(*_map(lambda _: next(leaves), draft_inputs))
-            plan = self._fold_plans[(absorb.key, spec, num_drafts)] = (*plan[:4], picks, run)
-        run = plan[5]
+                return chained(*_map(lambda _: next(leaves), absorb_inputs), feedback.roots, root_positions)
+            plan = self._fold_plans[(absorb.key, spec, num_drafts)] = plan._replace(picks=picks, run=run)
+        draft_key = plan.draft_key
 
         def finish(outputs: tuple[Any, Any], roots: torch.Tensor, root_positions: torch.Tensor) -> Any:
             absorbed, drafted = _map(torch.Tensor.clone, outputs)  # the caller's next replay overwrites them
@@ -714,7 +710,20 @@ class GraphedDrafter:
 
         self._prefetched = None
         key = ("fold", absorb.key, spec, num_drafts, draft_key, tuple(picks), self._buffer_ids)
-        return Fold(key=key, extra=tuple(extra), run=run, finish=finish)
+        return Fold(key=key, extra=tuple(extra), run=plan.run, finish=finish)
+
+
+class _FoldPlan(NamedTuple):
+    """What :meth:`GraphedDrafter.fold_for` learnt at a key: the draft step's function, inputs (their structure) and
+    their sources (:func:`_sources`) and key; then, once a fold was built, where the absorb step's inputs come from
+    (``picks``) and the function the caller captures (``run``)."""
+
+    draft_fn: Callable[..., Any]
+    draft_inputs: Any
+    sources: list
+    draft_key: Hashable
+    picks: list | None = None
+    run: Callable[..., Any] | None = None
 
 
 class Fold(NamedTuple):

@@ -312,9 +312,7 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
         # (kernels.accepted_feedback, one launch: root + accepted drafts, the tokens after them, positions, valid
         # columns, and every feature layer at the accepted nodes)
         rows = accepted_feedback(roots, tokens, keep_counts, pending.lengths, width, out.features, nodes)
-        drafter_state = drafter.update(drafter_state, Feedback(
-            tokens=rows.committed, next_tokens=rows.next_tokens, positions=rows.positions, valid=rows.valid,
-            features=rows.features, roots=result.next_tokens, accepted_nodes=nodes))
+        drafter_state = drafter.update(drafter_state, _feedback(rows, result.next_tokens, nodes))
         _tick(clock, "update")
     state = DecodeState(cache=cache, roots=result.next_tokens, drafter_state=drafter_state)
     return StepOutput(emitted=emitted, state=state, draft=draft, result=result)
