@@ -145,7 +145,8 @@ def tiny_llama(seed: int = 0, vocab: int = 97) -> torch.nn.Module:
 
 def _bare_drafter(model: torch.nn.Module, method: str):
     """The drafter of ``method`` (untrained heads), not yet graphed: EAGLE-2 (10 nodes, depth 3, top-3), P-EAGLE (2
-    layers, 4 levels), DFlash (2 layers, block 5: 4 levels), Medusa (4 heads, the chain of top-1s)."""
+    layers, 4 levels), DFlash (2 layers, block 5: 4 levels), Medusa (4 heads, the chain of top-1s), prompt lookup
+    (fixed-width chains of 4)."""
     from specdec import recipes
     from specdec.heads import DFlashHead, Eagle1Head, MedusaHead, PEagleHead
 
@@ -158,11 +159,13 @@ def _bare_drafter(model: torch.nn.Module, method: str):
         return recipes.dflash(DFlashHead.from_target(model, block_size=5, num_layers=2), cuda_graphs=False)
     if method == "medusa":
         return recipes.medusa(MedusaHead.from_target(model, num_heads=4), tree="chain", cuda_graphs=False)
+    if method == "lookup":
+        return recipes.prompt_lookup(4, fixed_width=True)
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
 #: What the profile covers: plain steps, then each drafter's steps.
-METHODS = ("plain", "eagle2", "peagle", "dflash", "medusa")
+METHODS = ("plain", "eagle2", "peagle", "dflash", "medusa", "lookup")
 
 
 def graphed_drafter(model: torch.nn.Module, method: str, counter: OpCounter | None) -> GraphedDrafter | None:

@@ -510,6 +510,8 @@ class GraphedDrafter:
             The wrapped drafter's state.
         """
         self._request = self._prefetched = None
+        if self._fold_feedback and next(iter(self._fold_feedback.values())).tokens.shape[0] != feedback.tokens.shape[0]:
+            self._fold_feedback = {}  # another batch size: the templates' shapes are stale (relearnt by the updates)
         if not self._captures_on(feedback.tokens.device):
             return self.drafter.start(feedback)
         return self.drafter.start(feedback, static=True, buffers=self._buffers)

@@ -444,11 +444,12 @@ def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor | N
 
 def _raise_on_bad_ids(host: list[list[int]], drafter, start: int) -> None:
     """Raise on the first row whose bad-id flags (``row[start:]``, one per draft node) hold a 1."""
+    name = type(getattr(drafter, "drafter", drafter)).__name__  # a graphed drafter: the one it wraps
     for row, values in enumerate(host):
         flags = values[start:]
         if 1 in flags:
             node = flags.index(1) + 1
             raise ValueError(
-                f"{type(drafter).__name__} proposed a token id outside the target's vocabulary at row {row}, node "
+                f"{name} proposed a token id outside the target's vocabulary at row {row}, node "
                 f"{node} (a present node): draft ids must lie in [0, V) with V the target's vocabulary; mark padding "
                 f"nodes absent (parent -1, depth 0) instead of giving them id -1")

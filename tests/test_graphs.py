@@ -160,8 +160,13 @@ def test_cuda_graphed_on_cpu_is_the_eager_drafter_and_refuses_drafters_without_s
     graphed.update(state, _feedback(2, 3))
     assert draft.tokens.tolist() == [[11, 12], [21, 22]]
     assert graphed.graph_keys == [] and graphed.buffers is None
+    class Eager:  # a drafter without steps
+        max_num_drafts, feature_layers = 2, ()
+        start = propose = update = ToyDrafter.start
+
     with pytest.raises(TypeError, match="draft_step"):
-        cuda_graphed(PromptLookupDrafter(num_drafts=3))
+        cuda_graphed(Eager())
+    assert isinstance(cuda_graphed(PromptLookupDrafter(num_drafts=3, fixed_width=True)), GraphedDrafter)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -222,3 +222,167 @@ def test_fixed_width_propose_never_synchronises():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert proposals(draft) == propose([[5, 6, 7, 8, 5, 6, 7], [1, 2, 3]], [8, 9], 6)[0]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The captured steps (specdec.graphs): a static history written in place, no host sync, the eager drafts
+# --------------------------------------------------------------------------------------------------------
+
+
+def _strict_graphed(drafter):
+    """The drafter graphed on CPU through the strict reference capture (each replay refuses host syncs)."""
+    from test_parallel_graphs import _Counting, capture_strict
+
+    from specdec.graphs import GraphedDrafter
+
+    counter = _Counting(capture_strict)
+    return GraphedDrafter(drafter, capture=counter, device_types=("cpu",)), counter
+
+
+def _run_steps(drafter, steps, roots_after):
+    """Drive ``drafter`` by hand: a left-padded prompt, then per step a propose and a ragged update; the drafts."""
+    state = drafter.start(feedback([[3, 4, 5, 3, 4], [7, 8, 7]], roots=[5, 8], left_pad=True))
+    drafts = []
+    for step, roots in zip(steps, roots_after):
+        draft, state = drafter.propose(state, request(roots[0], 4, active=roots[1]))
+        drafts.append((proposals(draft), draft.tokens.shape))
+        state = drafter.update(state, feedback(step, roots=[0, 0]))
+    return drafts, state
+
+
+def test_graphed_steps_give_the_eager_drafts_and_write_one_static_history(monkeypatch):
+    import specdec.drafters.prompt_lookup as pl
+
+    monkeypatch.setattr(pl, "_STATIC_SLACK", 0)  # a small buffer, so that the history grows during the run
+    g = torch.Generator().manual_seed(3)
+    steps, roots_after = [], []
+    for i in range(40):  # feedback 5 wide (K + 1): row 1 ragged, 1..5 entries (root + accepted); small alphabet
+        steps.append([[int(t) for t in torch.randint(1, 6, (5 if b == 0 else 1 + i % 5,), generator=g)]
+                      for b in range(2)])
+        roots_after.append(([int(t) for t in torch.randint(1, 6, (2,), generator=g)], [True, i % 7 != 3]))
+    eager_drafter = PromptLookupDrafter(num_drafts=4, fixed_width=True)
+    want, eager_state = _run_steps(eager_drafter, steps, roots_after)
+    graphed, counter = _strict_graphed(PromptLookupDrafter(num_drafts=4, fixed_width=True))
+    got, state = _run_steps(graphed, steps, roots_after)
+    assert got == want and sum(len(p) for d, _ in got for p in d) > 40  # the drafts found matches
+    assert torch.equal(state.lengths, eager_state.lengths) and state.static and not eager_state.static
+    for b, n in enumerate(state.lengths.tolist()):
+        assert torch.equal(state.history[b, :n], eager_state.history[b, :n])
+    assert state.history is graphed.buffers  # the state's history is the buffer the graphs write
+    assert graphed.counts["buffer_changes"] >= 1  # it grew (new graphs) ...
+    assert counter.calls == 2 * (graphed.counts["buffer_changes"] + 1)  # ... one propose and one update graph each
+    assert set(graphed.graph_keys) == {("propose", 4), ("update",)} and graphed.counts["replays"] > 60
+
+
+def test_a_static_update_writes_its_history_in_place_and_needs_no_exact_length():
+    drafter = PromptLookupDrafter(num_drafts=3)
+    state = drafter.start(feedback([[1, 2, 3]], roots=[4]), static=True)
+    history = state.history
+    new = drafter.update(state, feedback([[4, 1]], roots=[2]))
+    assert new.history is history and history[0, :5].tolist() == [1, 2, 3, 4, 1] and new.bound == 3 + 2
+    again = drafter.start(feedback([[5, 6]], roots=[7]), static=True, buffers=history)
+    assert again.history is history and again.lengths.tolist() == [2]  # an earlier run's buffer, reused
+    wider = drafter.start(feedback([[5, 6], [8, 9]], roots=[7, 1]), static=True, buffers=history)
+    assert wider.history is not history  # another batch size: a new buffer
+    by_hand = PromptLookupState(history.clone(), torch.tensor([2]))  # no bound: read once when needed
+    assert drafter.update(by_hand, feedback([[7]], roots=[0])).lengths.tolist() == [3]
+
+
+def test_only_fixed_width_static_drafts_are_captured():
+    narrow, _ = _strict_graphed(PromptLookupDrafter(num_drafts=4))
+    state = narrow.start(feedback([[1, 2, 3, 1, 2]], roots=[3]))
+    draft, state = narrow.propose(state, request([3], 4))
+    assert proposals(draft) == [[1, 2, 3]] and draft.tokens.shape == (1, 3)  # its width read on the host: eager
+    narrow.update(state, feedback([[3, 1]], roots=[2]))
+    assert narrow.graph_keys == [("update",)] and narrow.counts["eager"] == 1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_generate_fast_with_the_graphed_lookup_equals_the_eager_drafter(batch):
+    from test_fast_path import _prompts
+    from tiny_models import tiny_model
+
+    from specdec.generate import generate
+
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(batch)
+    kw = dict(attention_mask=mask, max_new_tokens=40, eos_token_id=[])
+    eager = generate(model, ids, drafter=PromptLookupDrafter(num_drafts=5, fixed_width=True), **kw)
+    graphed, counter = _strict_graphed(PromptLookupDrafter(num_drafts=5, fixed_width=True))
+    calls = []
+    for fast in (True, True, False):
+        out = generate(model, ids, drafter=graphed, fast=fast, **kw)
+        assert torch.equal(out.sequences, eager.sequences)
+        assert out.stats.num_target_forwards == eager.stats.num_target_forwards
+        assert out.stats.num_accepted_per_step == eager.stats.num_accepted_per_step
+        calls.append(counter.calls)
+    # the first propose captured, then the steps fold (the update and next lookup in the verify step's capture);
+    # a second call reuses the buffer and its graphs
+    assert calls[:2] == [1, 1] and graphed.counts["folded"] > 10 and graphed.counts["buffer_changes"] == 0
+    assert eager.stats.tau > 1.2  # the motifs are found
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("batch", [1, 4])
+def test_cuda_graphed_lookup_on_the_fast_path_equals_the_eager_drafter(batch):
+    from test_fast_path import _prompts
+    from tiny_models import tiny_model
+
+    from specdec.generate import generate
+    from specdec.graphs import cuda_graphed
+
+    model = tiny_model("llama", scale=3.0).cuda().float()
+    ids, mask = _prompts(batch, "cuda")
+    kw = dict(attention_mask=mask, max_new_tokens=48, eos_token_id=[])
+    eager = generate(model, ids, drafter=PromptLookupDrafter(num_drafts=6, fixed_width=True), **kw)
+    graphed = cuda_graphed(PromptLookupDrafter(num_drafts=6, fixed_width=True))
+    captures = []
+    for fast in (True, True, False):
+        out = generate(model, ids, drafter=graphed, fast=fast, **kw)
+        assert torch.equal(out.sequences, eager.sequences) and out.stats.tau == eager.stats.tau
+        captures.append(graphed.counts["captures"])
+    # a second fast call captures nothing new (the eager path's updates, of varying widths, are captured apart)
+    assert captures[0] == captures[1] > 0 and graphed.counts["folded"] > 10
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_the_fast_path_folds_the_lookup_into_its_verify_step_with_the_same_drafts(device):
+    """generate(fast=True): from the second step on, the history update and the next lookup run inside the verify
+    step's capture (one replay a step), with the drafts, tokens and acceptance of the unfolded steps and of the
+    eager drafter; a drafter that is not fixed-width never folds."""
+    from test_fast_path import _prompts
+    from test_parallel_graphs import _fold_against_apart
+    from tiny_models import tiny_model
+
+    target = tiny_model("llama", scale=3.0).to(device)
+    # one row: a batch's rows finish at different steps, and a folded lookup drafts for a finished row too (which
+    # commits nothing: test_generate_fast_with_the_graphed_lookup_equals_the_eager_drafter checks batch 3's tokens)
+    ids, mask = (t.to(device) for t in _prompts(1))
+    kw = dict(attention_mask=mask, max_new_tokens=32, eos_token_id=[])
+    (folded, g_fold), (apart, g_apart), eager = _fold_against_apart(
+        lambda: PromptLookupDrafter(num_drafts=4, fixed_width=True), target, ids, device, kw)
+    steps = folded.stats.num_steps
+    assert eager.stats.tau > 1.2 and g_fold.counts["folded"] >= steps - 2 and g_apart.counts["folded"] == 0
+    assert g_fold.counts["replays"] < g_apart.counts["replays"] - steps  # no update graph, no propose graph
+    assert not PromptLookupDrafter(num_drafts=4).folds_drafts
+
+
+def test_one_graphed_lookup_serves_runs_of_changing_batch_sizes():
+    """The fold's feedback templates are per batch size: a run at another batch size relearns them (a template
+    of batch 3 given to a batch-1 state was refused by the drafter's batch check)."""
+    from test_fast_path import _prompts
+    from tiny_models import tiny_model
+
+    from specdec.generate import generate
+
+    model = tiny_model("llama", scale=3.0)
+    graphed, _ = _strict_graphed(PromptLookupDrafter(num_drafts=4, fixed_width=True))
+    for batch in (3, 1, 3, 2):
+        ids, mask = _prompts(batch)
+        kw = dict(attention_mask=mask, max_new_tokens=20, eos_token_id=[])
+        eager = generate(model, ids, drafter=PromptLookupDrafter(num_drafts=4, fixed_width=True), **kw)
+        folded = graphed.counts["folded"]
+        out = generate(model, ids, drafter=graphed, fast=True, **kw)
+        assert torch.equal(out.sequences, eager.sequences) and graphed.counts["folded"] > folded
