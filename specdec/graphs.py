@@ -45,18 +45,18 @@ change: the same kernels run on the same values in the same order. This saves a 
 copies and its output clones per step (the parallel drafters' steps are bound by the host: ``docs/fast_path.md``,
 sessions 19 and 22).
 
-**The update and the next draft inside the caller's step** (``fold=True``, the default). For the same drafters (and
-EAGLE-1/2/3 built with ``EagleDrafter(fold=True)``, opt-in), the fast path's greedy verify step
-(:meth:`specdec.static.StaticAdapter.forward_commit`) asks :meth:`GraphedDrafter.fold_for` for the update it is
-about to need: the absorb step, built before the verify from the last feedback of that ``K`` (its shapes; the
-capacity grows first where it must), and the draft step chained after it as above. The verify's capture then runs
-forward, verification, the feedback rows, the absorb step on those rows (never copied out) and the next draft: **one
-graph replay a step instead of three**, the drafter's state tensors copied in as inputs. The next ``propose``
-returns that draft as it returns a prefetched one. The first step at a ``K`` runs an ordinary update, which shows
-where the draft step's inputs come from; a drafter whose update reads a tensor made from the feedback (not the
-feedback's own tensors) is never folded. Same kernels, same values, same order: float32 greedy identity is tested
-against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the fixture's parallel
-steps took 6-8% less time (``docs/fast_path.md``, session 30).
+**The update and the next draft inside the caller's step** (``fold=True``, the default). For the same drafters,
+prompt lookup with ``fixed_width=True`` (and EAGLE-1/2/3 built with ``EagleDrafter(fold=True)``, opt-in), the fast
+path's greedy verify step (:meth:`specdec.static.StaticAdapter.forward_commit`) asks :meth:`GraphedDrafter.fold_for`
+for the update it is about to need: the absorb step, built before the verify from the last feedback of that ``K``
+(its shapes; the capacity grows first where it must), and the draft step chained after it as above. The verify's
+capture then runs forward, verification, the feedback rows, the absorb step on those rows (never copied out) and the
+next draft: **one graph replay a step instead of three**, the drafter's state tensors copied in as inputs. The next
+``propose`` returns that draft as it returns a prefetched one. The first step at a ``K`` runs an ordinary update,
+which shows where the draft step's inputs come from; a drafter whose update reads a tensor made from the feedback
+(not the feedback's own tensors) is never folded. Same kernels, same values, same order: float32 greedy identity is
+tested against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the fixture's
+parallel steps took 6-8% less time (``docs/fast_path.md``, session 30).
 
 References:
     NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
@@ -648,7 +648,8 @@ class GraphedDrafter:
         one graph replay a step instead of three, and none of the update's copies and clones.
 
         Offered for drafters whose greedy draft step reads of a request only ``K``, ``roots`` and
-        ``root_positions`` (``folds_drafts``: P-EAGLE, DFlash, DSpark; EAGLE-1/2/3 built with ``fold=True``) once
+        ``root_positions`` (``folds_drafts``: P-EAGLE, DFlash, DSpark, a fixed-width prompt lookup, which drafts for
+        every row as the request has no ``active``; EAGLE-1/2/3 built with ``fold=True``) once
         an ordinary :meth:`update` at this ``K`` has shown where the draft step's inputs come from; the absorb step is
         built here, before the verify, from the last feedback of this ``K`` (its shapes: its ``finish`` must read
         nothing else of it; the drafters' do not), so the cache grows, where it must, before anything runs. The draft

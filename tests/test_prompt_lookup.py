@@ -386,3 +386,41 @@ def test_one_graphed_lookup_serves_runs_of_changing_batch_sizes():
         folded = graphed.counts["folded"]
         out = generate(model, ids, drafter=graphed, fast=True, **kw)
         assert torch.equal(out.sequences, eager.sequences) and graphed.counts["folded"] > folded
+
+
+# --------------------------------------------------------------------------------------------------------
+# The search and the chain in one kernel (specdec.kernels.ngram_chain) against its torch reference
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("most_recent", [True, False])
+def test_the_ngram_kernel_gives_its_reference_chain(most_recent):
+    from specdec.kernels import interpreter_enabled, kernel_mode, ngram_chain, ngram_chain_ref, triton_available
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not triton_available() or (device == "cpu" and not interpreter_enabled()):
+        pytest.skip("needs triton (and, without a GPU, TRITON_INTERPRET=1 before specdec.kernels is imported)")
+    g = torch.Generator().manual_seed(7)
+    found = 0
+    for trial in range(24):
+        batch, columns = 1 + trial % 4, (2, 9, 40, 300, 700)[trial % 5]  # several blocks of window ends too
+        history = torch.randint(0, 2 + trial % 5, (batch, columns), generator=g)
+        lengths = torch.randint(0, columns, (batch,), generator=g)
+        lengths[0] = columns - 1  # a full row (the root in the last column)
+        roots = torch.randint(0, 2 + trial % 5, (batch,), generator=g)
+        k, top = trial % 7, 1 + trial % 4
+        active = None if trial % 3 else torch.rand(batch, generator=g) > 0.3
+        args = [t.to(device) if isinstance(t, torch.Tensor) else t
+                for t in (history, lengths, roots, k, top, 1 + (trial // 4) % top)]
+        kw = dict(most_recent=most_recent, active=None if active is None else active.to(device))
+        want = ngram_chain_ref(*args, **kw)
+        with kernel_mode("triton"):
+            got = ngram_chain(*args, **kw)
+        for name, a, b in zip(want._fields, got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (trial, name, a, b)
+        found += int((want.counts > 0).sum())
+    assert found > 20  # the trials found continuations, not only empty chains
+    with pytest.raises(ValueError, match="min_ngram_size <= max_ngram_size"):
+        ngram_chain(history, lengths, roots, 2, 1, 2)
+    with pytest.raises(ValueError, match=r"active must be \[B\]"):
+        ngram_chain(history, lengths, roots, 2, 2, active=torch.ones(batch + 1, dtype=torch.bool))

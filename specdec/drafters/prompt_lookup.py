@@ -12,6 +12,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound
+from ..kernels.ngram import chain_layout, find_ngram_continuations, find_ngram_continuations_ref, ngram_chain
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
 
@@ -65,128 +66,6 @@ def _write(history: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, v
     dest = torch.where(valid, dest, history.shape[1] - 1)
     history.scatter_(1, dest, tokens.to(history.dtype))
     return lengths + valid.sum(dim=1)
-
-
-def find_ngram_continuations(
-    sequences: torch.Tensor,
-    lengths: torch.Tensor,
-    num_tokens: int,
-    max_ngram_size: int,
-    min_ngram_size: int = 1,
-    *,
-    most_recent: bool = True,
-    early_exit: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, the tokens that followed an earlier occurrence of the row's longest matching suffix n-gram.
-
-    For ``n`` from ``max_ngram_size`` down to ``min_ngram_size``, the suffix ``s[L - n : L]`` of a row of
-    length ``L`` is searched among the windows ``s[i : i + n]`` with ``i + n < L`` (an *earlier* occurrence, which
-    may overlap the suffix but is not the suffix itself). The first ``n`` with a match wins; among its matches
-    the most recent one (largest ``i``) is used, or the first one when ``most_recent=False`` (HF's and the
-    original prompt-lookup choice). The continuation is ``s[i + n : min(i + n + num_tokens, L)]``.
-
-    Args:
-        sequences: Shape ``[B, T]`` int64, left-aligned token rows; entries at ``>= lengths[b]`` are ignored.
-        lengths: Shape ``[B]`` int64, valid length of each row (``0 <= lengths[b] <= T``).
-        num_tokens: ``K``, the most tokens to return per row, ``>= 0``.
-        max_ngram_size: longest suffix tried, ``>= min_ngram_size``.
-        min_ngram_size: shortest suffix tried, ``>= 1``.
-        most_recent: pick the latest earlier occurrence (default) rather than the first.
-        early_exit: stop trying shorter n-grams once every row has matched (one host sync per ``n``); ``False``
-            tries them all and never synchronises (same result).
-
-    Returns:
-        ``(tokens, counts)``: ``tokens`` of shape ``[B, num_tokens]`` int64 (the continuation left-aligned,
-        zeros after it) and ``counts`` of shape ``[B]`` int64, tokens found per row (0 when nothing matched).
-
-    Example:
-        >>> seq = torch.tensor([[5, 6, 7, 8, 5, 6]])
-        >>> find_ngram_continuations(seq, torch.tensor([6]), 3, max_ngram_size=3)
-        (tensor([[7, 8, 5]]), tensor([3]))
-
-    References:
-        Saxena, "Prompt Lookup Decoding" (2023), https://github.com/apoorvumang/prompt-lookup-decoding
-    """
-    if sequences.dim() != 2 or lengths.shape != sequences.shape[:1]:
-        raise ValueError(
-            f"sequences must be [B, T] with lengths [B]; got {tuple(sequences.shape)} and {tuple(lengths.shape)}"
-        )
-    if not 1 <= min_ngram_size <= max_ngram_size:
-        raise ValueError(
-            f"need 1 <= min_ngram_size <= max_ngram_size, got min {min_ngram_size}, max {max_ngram_size}"
-        )
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    batch, width = sequences.shape
-    device = sequences.device
-    lengths = lengths.to(device=device, dtype=torch.long)
-    # Match start per row; -1 until some n matched. Longer n are tried first and never overwritten.
-    start = torch.full((batch,), -1, dtype=torch.long, device=device)
-    for n in range(min(max_ngram_size, width - 1), min_ngram_size - 1, -1):
-        num_windows = width - n + 1
-        windows = sequences.unfold(1, n, 1)  # [B, W, n]
-        suffix_idx = (lengths[:, None] - n + torch.arange(n, device=device)).clamp(min=0)
-        suffix = sequences.gather(1, suffix_idx)  # [B, n]
-        matches = (windows == suffix[:, None, :]).all(dim=2)
-        window_starts = torch.arange(num_windows, device=device)
-        matches &= window_starts[None, :] + n < lengths[:, None]
-        found = matches.any(dim=1) & (start < 0)
-        if most_recent:
-            where = torch.where(matches, window_starts, -1).amax(dim=1)
-        else:
-            where = torch.where(matches, window_starts, num_windows).amin(dim=1)
-        start = torch.where(found, where + n, start)
-        # Host sync (one per n): skip the shorter n-grams once every row has matched.
-        if early_exit and bool((start >= 0).all()):
-            break
-    counts = torch.where(start >= 0, (lengths - start).clamp(max=num_tokens), 0)
-    offsets = torch.arange(num_tokens, device=device)
-    index = (start.clamp(min=0)[:, None] + offsets).clamp(max=max(width - 1, 0))
-    tokens = sequences.gather(1, index) if width else sequences.new_zeros((batch, num_tokens))
-    tokens = torch.where(offsets[None, :] < counts[:, None], tokens, 0)
-    return tokens, counts
-
-
-def find_ngram_continuations_ref(
-    sequences: torch.Tensor,
-    lengths: torch.Tensor,
-    num_tokens: int,
-    max_ngram_size: int,
-    min_ngram_size: int = 1,
-    *,
-    most_recent: bool = True,
-    early_exit: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-Python reference of :func:`find_ngram_continuations` (same signature and result), for tests.
-
-    Args:
-        sequences: Shape ``[B, T]`` int64, left-aligned token rows.
-        lengths: Shape ``[B]`` int64, valid length of each row.
-        num_tokens: ``K``, the most tokens to return per row.
-        max_ngram_size: longest suffix tried.
-        min_ngram_size: shortest suffix tried.
-        most_recent: pick the latest earlier occurrence rather than the first.
-        early_exit: accepted for the same signature (the result does not depend on it).
-
-    Returns:
-        ``(tokens, counts)`` of shapes ``[B, num_tokens]`` and ``[B]``, as :func:`find_ngram_continuations`.
-    """
-    tokens = torch.zeros((sequences.shape[0], num_tokens), dtype=torch.long)
-    counts = torch.zeros(sequences.shape[0], dtype=torch.long)
-    for b, (row, length) in enumerate(zip(sequences.tolist(), lengths.tolist())):
-        row = row[:length]
-        for n in range(max_ngram_size, min_ngram_size - 1, -1):
-            if n >= length:
-                continue
-            suffix = row[length - n :]
-            hits = [i for i in range(length - n) if row[i : i + n] == suffix]
-            if hits:
-                i = hits[-1] if most_recent else hits[0]
-                found = row[i + n : i + n + num_tokens]
-                tokens[b, : len(found)] = torch.tensor(found, dtype=torch.long)
-                counts[b] = len(found)
-                break
-    return tokens.to(sequences.device), counts.to(sequences.device)
 
 
 @dataclass(frozen=True)
@@ -342,14 +221,16 @@ class PromptLookupDrafter:
         active = None if request.active is None else request.active.to(device=history.device, dtype=torch.bool)
 
         def draft(lengths: torch.Tensor, roots: torch.Tensor, active: torch.Tensor | None):
-            sequences = history.clone()  # the root after each row's committed tokens (room: see _capacity)
+            if fixed:  # the search and the chain in one launch on CUDA (room for the root: see _capacity)
+                chain = ngram_chain(history, lengths, roots, k, self.max_ngram_size, self.min_ngram_size,
+                                    most_recent=self.most_recent, active=active)
+                return Draft(tokens=chain.tokens, parents=chain.parents, depths=chain.depths, draft_probs=None,
+                             scheme=DraftScheme.DETERMINISTIC)
+            sequences = history.clone()  # the root after each row's committed tokens
             sequences.scatter_(1, lengths[:, None], roots[:, None])
             tokens, counts = find_ngram_continuations(sequences, lengths + 1, k, self.max_ngram_size,
-                                                      self.min_ngram_size, most_recent=self.most_recent,
-                                                      early_exit=not fixed)
-            if active is not None:
-                counts = torch.where(active, counts, 0)
-            return _chain_draft(tokens, counts) if fixed else (tokens, counts)
+                                                      self.min_ngram_size, most_recent=self.most_recent)
+            return tokens, counts if active is None else torch.where(active, counts, 0)
 
         def finish(out) -> tuple[Draft, PromptLookupState]:
             if fixed:
@@ -426,10 +307,6 @@ def _room_for(state: PromptLookupState, width: int) -> PromptLookupState:
 
 def _chain_draft(tokens: torch.Tensor, counts: torch.Tensor) -> Draft:
     """A chain :class:`Draft` of ``counts[b]`` present nodes per row; later nodes are absent."""
-    batch, width = tokens.shape
-    nodes = torch.arange(width + 1, device=tokens.device)
-    present = (nodes[None, :] <= counts[:, None]) & (nodes[None, :] > 0)
-    parents = torch.where(present, nodes - 1, -1)
-    depths = torch.where(present, nodes, 0)
-    tokens = torch.where(present[:, 1:], tokens, 0)
-    return Draft(tokens=tokens, parents=parents, depths=depths, draft_probs=None, scheme=DraftScheme.DETERMINISTIC)
+    chain = chain_layout(tokens, counts)
+    return Draft(tokens=chain.tokens, parents=chain.parents, depths=chain.depths, draft_probs=None,
+                 scheme=DraftScheme.DETERMINISTIC)

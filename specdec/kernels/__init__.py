@@ -19,6 +19,7 @@ op                                          replaces                            
 :func:`accepted_feedback`                   the drafter feedback in ``step()``        1 (per 4 equal feature tensors)
 :func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
+:func:`ngram_chain`                         prompt lookup's search and chain (~65)    1
 :func:`linear_rows`                         ``F.linear`` of a decode step (<= 16 rows) 1
 :func:`linear_skinny`                       ``F.linear`` of 2-64 rows on tensor cores   1 (2 with ``K`` split)
 :func:`linear_fp8`                          a draft head's linear on float8 weights   2 (3 with ``K`` split)
@@ -91,6 +92,15 @@ from .fp8 import (
 )
 from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
+from .ngram import (
+                        NGRAM_BLOCK,
+                        NgramChain,
+                        chain_layout,
+                        find_ngram_continuations,
+                        find_ngram_continuations_ref,
+                        ngram_chain,
+                        ngram_chain_ref,
+)
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
 from .skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny, linear_skinny_ref, skinny_config
 from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, log_softmax_topk, log_softmax_topk_ref, topk_rows, topk_rows_ref
@@ -138,6 +148,8 @@ __all__ = [
     "emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref",
     "FeedbackRows",
     "compact_kv", "compact_kv_ref", "KVCompactPlan",
+    "ngram_chain", "ngram_chain_ref", "NgramChain", "chain_layout", "find_ngram_continuations",
+    "find_ngram_continuations_ref", "NGRAM_BLOCK",
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
     "decode_attention", "decode_attention_ref", "decode_split",
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",

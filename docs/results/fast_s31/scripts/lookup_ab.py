@@ -27,6 +27,7 @@ sys.path.insert(0, ROOT)
 import specdec as sd  # noqa: E402
 from specdec.drafters import PromptLookupDrafter  # noqa: E402
 from specdec.graphs import GraphedDrafter  # noqa: E402
+from specdec.kernels import ngram_chain_ref  # noqa: E402
 
 
 def sync() -> None:
@@ -43,6 +44,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--batch", type=int, nargs="*", default=[4, 16])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--torch-search", action="store_true",
+                    help="also the eager and folded drafters with the n-gram search as torch ops (call D)")
     args = ap.parse_args()
     import transformers
     device = args.device
@@ -60,10 +63,22 @@ def main() -> None:
                 "lookup eager": GraphedDrafter(lookup(), device_types=()),
                 "lookup graphed": GraphedDrafter(lookup(), fold=False),
                 "lookup folded": GraphedDrafter(lookup())}
+    torch_search = set()
+    if args.torch_search:  # the same drafters with the search as torch ops (ngram_chain_ref), not the kernel
+        variants["lookup eager, torch search"] = GraphedDrafter(lookup(), device_types=())
+        variants["lookup folded, torch search"] = GraphedDrafter(lookup())
+        torch_search = {id(variants["lookup eager, torch search"]), id(variants["lookup folded, torch search"])}
 
     def call(drafter, x, mask=None):
-        return sd.generate(target, x, attention_mask=mask, drafter=drafter, max_new_tokens=128, eos_token_id=[],
-                           fast=True)
+        module = sys.modules["specdec.drafters.prompt_lookup"]
+        kernel = module.ngram_chain
+        if id(drafter) in torch_search:  # around the whole call: its captures record the reference's ops
+            module.ngram_chain = ngram_chain_ref
+        try:
+            return sd.generate(target, x, attention_mask=mask, drafter=drafter, max_new_tokens=128,
+                               eos_token_id=[], fast=True)
+        finally:
+            module.ngram_chain = kernel
 
     def batched(rows):  # left-padded rows of different prompts (all 256 long here: no padding needed)
         return torch.stack(rows), None
@@ -101,14 +116,14 @@ def main() -> None:
         res[f"batch {batch}"] = rows
         print(f"== batch {batch} ({len(inputs)} inputs x {args.reps})", flush=True)
         for name, row in rows.items():
-            print(f"  {name:16s}", json.dumps(row), flush=True)
+            print(f"  {name:28s}", json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(res, fh, indent=1)
-    print(f"{'batch':>5} {'variant':16s} {'ms/step':>8} {'tok/s':>9} {'tau':>6} {'same':>5}")
+    print(f"{'batch':>5} {'variant':28s} {'ms/step':>8} {'tok/s':>9} {'tau':>6} {'same':>5}")
     for key, rows in res.items():
         for name, row in rows.items():
-            print(f"{key[6:]:>5} {name:16s} {row['ms/step']:8.3f} {row['tok/s']:9.1f} {row['tau']:6.2f} "
+            print(f"{key[6:]:>5} {name:28s} {row['ms/step']:8.3f} {row['tok/s']:9.1f} {row['tau']:6.2f} "
                   f"{row['same tokens as eager']:>2}/{row['calls']}")
 
 
