@@ -25,6 +25,8 @@ re-runs ``fn`` eagerly (any device): the reference the graph is tested against.
 - ``start(feedback, *, static=False, buffers=None)``: with ``static=True`` the drafter allocates buffers meant to
   stay put (with headroom), reusing ``buffers`` (the ``Step.buffers`` of an earlier run) when they fit, so
   graphs captured in one ``generate()`` call replay in the next.
+- optionally ``for_fast_path() -> drafter``: the drafter ``generate(fast=True)`` graphs in this one's place, giving
+  the same tokens in a form that captures (a prompt lookup's fixed-width copy; :func:`specdec.static.fast_drafter`).
 
 :class:`GraphedDrafter` keeps one graph per (``key``, input shapes) while the buffers stay the same tensors; when a
 step brings new buffers (the cache grew, the batch size changed) it drops its graphs and captures again. Where a

@@ -1331,7 +1331,9 @@ def fast_drafter(drafter, mode: str = "graphs"):
     ``mode="compile"``, a drafter wrapped with the default capture is wrapped again, compiled, keeping its
     ``prefetch``).
 
-    The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next.
+    The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next. A
+    drafter with a ``for_fast_path()`` method is graphed as the drafter that method returns (same tokens, a form that
+    captures: a prompt lookup's fixed-width search).
 
     Args:
         drafter: a :class:`~specdec.drafters.Drafter` or ``None``.
@@ -1349,11 +1351,13 @@ def fast_drafter(drafter, mode: str = "graphs"):
         drafter, prefetch = drafter.drafter, drafter.prefetch
     if drafter is None or not isinstance(drafter, GraphableDrafter):
         return drafter
+    variant = getattr(drafter, "for_fast_path", None)
+    inner = variant() if variant is not None else drafter
 
     def wrap():
         if mode == "compile":
-            return GraphedDrafter(drafter, capture=compiled_capture(), prefetch=prefetch)
-        return GraphedDrafter(drafter)
+            return GraphedDrafter(inner, capture=compiled_capture(), prefetch=prefetch)
+        return GraphedDrafter(inner)
     try:
         wrappers = _DRAFTERS.setdefault(drafter, {})
     except TypeError:  # not weak-referenceable

@@ -424,3 +424,24 @@ def test_the_ngram_kernel_gives_its_reference_chain(most_recent):
         ngram_chain(history, lengths, roots, 2, 1, 2)
     with pytest.raises(ValueError, match=r"active must be \[B\]"):
         ngram_chain(history, lengths, roots, 2, 2, active=torch.ones(batch + 1, dtype=torch.bool))
+
+
+def test_the_fast_path_graphs_a_fixed_width_copy_of_a_narrow_lookup():
+    """generate(fast=True) given the default (narrow) lookup graphs its fixed-width copy (for_fast_path): the same
+    tokens and forwards as the eager narrow drafter, one wrapper kept across calls."""
+    from test_fast_path import _prompts
+    from tiny_models import tiny_model
+
+    from specdec.generate import generate
+    from specdec.static import fast_drafter
+
+    narrow = PromptLookupDrafter(num_drafts=5)
+    wrapper = fast_drafter(narrow)
+    assert wrapper.drafter.fixed_width and wrapper.drafter.num_drafts == 5 and fast_drafter(narrow) is wrapper
+    assert narrow.for_fast_path() == PromptLookupDrafter(num_drafts=5, fixed_width=True)
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(3)
+    kw = dict(attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+    eager, fast = (generate(model, ids, drafter=narrow, fast=f, **kw) for f in (False, True))
+    assert torch.equal(eager.sequences, fast.sequences) and eager.stats.tau > 1.2
+    assert eager.stats.num_target_forwards == fast.stats.num_target_forwards

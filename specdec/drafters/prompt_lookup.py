@@ -6,6 +6,7 @@ chain. It pays off whenever the output repeats its input: code edits, summaries,
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -181,6 +182,11 @@ class PromptLookupDrafter:
             ``draft_probs=None`` and scheme ``DETERMINISTIC``; and the unchanged state.
         """
         return run_step(self.draft_step(state, request))
+
+    def for_fast_path(self) -> PromptLookupDrafter:
+        """The drafter ``generate(fast=True)`` graphs in this one's place: a ``fixed_width`` copy (the same tokens and
+        target forwards; a lookup whose width is read on the host would run eagerly and synchronise every step)."""
+        return self if self.fixed_width else dataclasses.replace(self, fixed_width=True)
 
     @property
     def folds_drafts(self) -> bool:
