@@ -445,3 +445,23 @@ def test_the_fast_path_graphs_a_fixed_width_copy_of_a_narrow_lookup():
     eager, fast = (generate(model, ids, drafter=narrow, fast=f, **kw) for f in (False, True))
     assert torch.equal(eager.sequences, fast.sequences) and eager.stats.tau > 1.2
     assert eager.stats.num_target_forwards == fast.stats.num_target_forwards
+
+
+def test_a_history_that_grows_during_a_folded_run_keeps_the_eager_tokens(monkeypatch):
+    """The static history outgrows its buffer in the middle of a fast run: the fold is dropped with the old buffer
+    (new graphs on the new one, relearnt) and the tokens stay the eager drafter's."""
+    from test_fast_path import _prompts
+    from tiny_models import tiny_model
+
+    import specdec.drafters.prompt_lookup as pl
+    from specdec.generate import generate
+
+    monkeypatch.setattr(pl, "_STATIC_SLACK", 0)
+    model = tiny_model("llama", scale=3.0)
+    ids, mask = _prompts(2)
+    kw = dict(attention_mask=mask, max_new_tokens=150, eos_token_id=[])
+    eager = generate(model, ids, drafter=PromptLookupDrafter(num_drafts=4, fixed_width=True), **kw)
+    graphed, _ = _strict_graphed(PromptLookupDrafter(num_drafts=4, fixed_width=True))
+    out = generate(model, ids, drafter=graphed, fast=True, **kw)
+    assert torch.equal(out.sequences, eager.sequences)
+    assert graphed.counts["buffer_changes"] >= 1 and graphed.counts["folded"] > 10
