@@ -69,7 +69,8 @@ def prompt_lookup(num_drafts: int = 10, **kwargs) -> PromptLookupDrafter:
         **kwargs: passed to :class:`~specdec.drafters.PromptLookupDrafter` (n-gram sizes).
 
     Returns:
-        A :class:`~specdec.drafters.PromptLookupDrafter`.
+        A :class:`~specdec.drafters.PromptLookupDrafter` (eager; ``generate(fast=True)`` graphs its fixed-width copy
+        on CUDA: a static history, the lookup one kernel launch, folded into the verify step).
 
     References:
         Saxena, "Prompt Lookup Decoding" (2023), github.com/apoorvumang/prompt-lookup-decoding.
