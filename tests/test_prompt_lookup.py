@@ -407,6 +407,9 @@ def test_the_ngram_kernel_gives_its_reference_chain(most_recent):
         history = torch.randint(0, 2 + trial % 5, (batch, columns), generator=g)
         lengths = torch.randint(0, columns, (batch,), generator=g)
         lengths[0] = columns - 1  # a full row (the root in the last column)
+        if trial % 6 == 5:  # no room for the root (past the last column, or negative): that row proposes nothing
+            lengths[-1] = columns + trial % 2 if batch > 1 else lengths[-1]
+            lengths[0] = -1 if batch > 2 else lengths[0]
         roots = torch.randint(0, 2 + trial % 5, (batch,), generator=g)
         k, top = trial % 7, 1 + trial % 4
         active = None if trial % 3 else torch.rand(batch, generator=g) > 0.3
@@ -420,6 +423,8 @@ def test_the_ngram_kernel_gives_its_reference_chain(most_recent):
             assert a.dtype == b.dtype and torch.equal(a, b), (trial, name, a, b)
         found += int((want.counts > 0).sum())
     assert found > 20  # the trials found continuations, not only empty chains
+    assert ngram_chain(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+                       torch.ones(2, dtype=torch.long), 3, 2).counts.tolist() == [0, 0]  # no column at all
     with pytest.raises(ValueError, match="min_ngram_size <= max_ngram_size"):
         ngram_chain(history, lengths, roots, 2, 1, 2)
     with pytest.raises(ValueError, match=r"active must be \[B\]"):

@@ -202,9 +202,9 @@ def ngram_chain_ref(history: torch.Tensor, lengths: torch.Tensor, roots: torch.T
     :func:`find_ngram_continuations` without early exit, inactive rows' counts zeroed, :func:`chain_layout`.
 
     Args:
-        history: Shape ``[B, C]`` int64, row ``b``'s committed tokens in ``history[b, :lengths[b]]``; needs
-            ``lengths[b] < C`` (a column for the root).
-        lengths: Shape ``[B]`` int64.
+        history: Shape ``[B, C]`` int64, row ``b``'s committed tokens in ``history[b, :lengths[b]]``.
+        lengths: Shape ``[B]`` int64; a row needs ``0 <= lengths[b] < C`` (a column for the root), else it proposes
+            nothing.
         roots: Shape ``[B]`` int64, the token after each row's committed ones (the sequence's last).
         num_tokens: ``K``, the longest chain.
         max_ngram_size, min_ngram_size: the suffix lengths tried, longest first.
@@ -215,17 +215,22 @@ def ngram_chain_ref(history: torch.Tensor, lengths: torch.Tensor, roots: torch.T
         :class:`NgramChain`.
     """
     _check(history, lengths, roots, num_tokens, max_ngram_size, min_ngram_size, active)
+    batch, columns = history.shape
+    if columns == 0:  # no row has room for its root
+        return chain_layout(history.new_zeros(batch, num_tokens), lengths.new_zeros(batch))
+    room = (lengths >= 0) & (lengths < columns)
     sequences = history.clone()
-    sequences.scatter_(1, lengths[:, None], roots[:, None].to(history.dtype))
-    tokens, counts = find_ngram_continuations(sequences, lengths + 1, num_tokens, max_ngram_size, min_ngram_size,
-                                              most_recent=most_recent, early_exit=False)
+    sequences.scatter_(1, torch.where(room, lengths, 0)[:, None], roots[:, None].to(history.dtype))
+    tokens, counts = find_ngram_continuations(sequences, torch.where(room, lengths + 1, 0), num_tokens,
+                                              max_ngram_size, min_ngram_size, most_recent=most_recent,
+                                              early_exit=False)
     if active is not None:
         counts = torch.where(active, counts, 0)
     return chain_layout(tokens, counts)
 
 
 @jit
-def _ngram_kernel(hist_ptr, len_ptr, root_ptr, act_ptr, tok_ptr, cnt_ptr, par_ptr, dep_ptr, stride_h, K,
+def _ngram_kernel(hist_ptr, len_ptr, root_ptr, act_ptr, tok_ptr, cnt_ptr, par_ptr, dep_ptr, stride_h, C, K,
                   MIN_N: tl.constexpr, MAX_N: tl.constexpr, NP: tl.constexpr, MOST_RECENT: tl.constexpr,
                   HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr = False):
     """One row: the best window end per n in one pass over the ends, then the chain of the longest n's match."""
@@ -233,6 +238,7 @@ def _ngram_kernel(hist_ptr, len_ptr, root_ptr, act_ptr, tok_ptr, cnt_ptr, par_pt
     row = tl.program_id(0).to(tl.int64)
     h = hist_ptr + row * stride_h
     last = tl.load(len_ptr + row)  # the root's index in the sequence; window ends lie in [n - 1, last - 1]
+    last = tl.where((last >= 0) & (last < C), last, 0)  # no room for the root: nothing searched, nothing proposed
     root = tl.load(root_ptr + row)
     nidx = tl.arange(0, NP)
     if MOST_RECENT:  # no match yet: -1 (largest end wins) / 2^62 (smallest wins)
@@ -285,7 +291,7 @@ def _ngram_chain_triton(history, lengths, roots, num_tokens, max_ngram_size, min
         flags = active.contiguous().view(torch.uint8) if active is not None else counts  # never read without active
         _ngram_kernel[(batch,)](
             history, lengths.contiguous(), roots.to(history.dtype).contiguous(), flags, tokens, counts, parents,
-            depths, history.stride(0), num_tokens, MIN_N=min_ngram_size, MAX_N=max_ngram_size,
+            depths, history.stride(0), history.shape[1], num_tokens, MIN_N=min_ngram_size, MAX_N=max_ngram_size,
             NP=next_pow2(max_ngram_size + 1), MOST_RECENT=most_recent, HAS_ACTIVE=active is not None,
             BLOCK=NGRAM_BLOCK, KB=next_pow2(num_tokens + 1), **pdl_launch(),
         )
@@ -300,8 +306,9 @@ def ngram_chain(history: torch.Tensor, lengths: torch.Tensor, roots: torch.Tenso
 
     Args:
         history: Shape ``[B, C]`` int64, row ``b``'s committed tokens in ``history[b, :lengths[b]]`` (the rest is
-            ignored); needs ``lengths[b] < C`` (the reference writes the root there).
-        lengths: Shape ``[B]`` int64.
+            ignored).
+        lengths: Shape ``[B]`` int64; a row needs ``0 <= lengths[b] < C`` (a column for the root: the reference
+            writes it there), else it proposes nothing (no read past the history).
         roots: Shape ``[B]`` int64, each row's root: the sequence searched is the history, then the root.
         num_tokens: ``K``, the longest chain (``>= 0``).
         max_ngram_size, min_ngram_size: the suffix lengths tried, longest first (``1 <= min <= max``).
