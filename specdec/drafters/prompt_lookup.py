@@ -13,7 +13,13 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound
-from ..kernels.ngram import chain_layout, find_ngram_continuations, find_ngram_continuations_ref, ngram_chain
+from ..kernels.ngram import (
+    NgramChain,
+    chain_layout,
+    find_ngram_continuations,
+    find_ngram_continuations_ref,
+    ngram_chain,
+)
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
 
@@ -88,11 +94,10 @@ class PromptLookupDrafter:
         min_ngram_size: shortest suffix to match.
         num_drafts: ``K``, the longest chain proposed (``max_num_drafts``; a schedule may ask for fewer).
         most_recent: match the latest earlier occurrence (default) instead of the first.
-        fixed_width: propose ``[B, K]`` drafts every step (a row's nodes past its proposal absent) and search every
-            n-gram size without early exit, so ``propose`` never synchronises with the host and its shapes never
-            change (the fast path's buckets stay fixed). The emitted tokens are the same; the target verifies up
-            to ``K`` absent nodes more per step. ``False`` (default): the draft is as wide as the longest
-            proposal, found with a host sync.
+        fixed_width: propose ``[B, K]`` drafts every step (a row's nodes past its proposal absent), so
+            ``propose`` never synchronises with the host and its shapes never change (the fast path's buckets
+            stay fixed). The emitted tokens are the same; the target verifies up to ``K`` absent nodes more per
+            step. ``False`` (default): the draft is as wide as the longest proposal, found with a host sync.
 
     The tensor work of ``propose`` and ``update`` is also offered as :class:`~specdec.graphs.Step` s
     (``draft_step`` / ``absorb_step``), so :func:`specdec.graphs.cuda_graphed` captures them on CUDA: the history
@@ -227,23 +232,16 @@ class PromptLookupDrafter:
         active = None if request.active is None else request.active.to(device=history.device, dtype=torch.bool)
 
         def draft(lengths: torch.Tensor, roots: torch.Tensor, active: torch.Tensor | None):
-            if fixed:  # the search and the chain in one launch on CUDA (room for the root: see _capacity)
-                chain = ngram_chain(history, lengths, roots, k, self.max_ngram_size, self.min_ngram_size,
-                                    most_recent=self.most_recent, active=active)
-                return Draft(tokens=chain.tokens, parents=chain.parents, depths=chain.depths, draft_probs=None,
-                             scheme=DraftScheme.DETERMINISTIC)
-            sequences = history.clone()  # the root after each row's committed tokens
-            sequences.scatter_(1, lengths[:, None], roots[:, None])
-            tokens, counts = find_ngram_continuations(sequences, lengths + 1, k, self.max_ngram_size,
-                                                      self.min_ngram_size, most_recent=self.most_recent)
-            return tokens, counts if active is None else torch.where(active, counts, 0)
+            # the search and the chain, one launch on CUDA (room for the root: see _capacity)
+            chain = ngram_chain(history, lengths, roots, k, self.max_ngram_size, self.min_ngram_size,
+                                most_recent=self.most_recent, active=active)
+            return _as_draft(chain) if fixed else chain
 
         def finish(out) -> tuple[Draft, PromptLookupState]:
             if fixed:
                 return out, state
-            tokens, counts = out
-            width = int(counts.max()) if batch else 0  # host sync: the longest proposal sizes the draft
-            return _chain_draft(tokens[:, :width], counts), state
+            width = int(out.counts.max()) if batch else 0  # host sync: the longest proposal sizes the draft
+            return _as_draft(chain_layout(out.tokens[:, :width], out.counts)), state
 
         return Step(fn=draft, inputs=(state.lengths, roots, active), finish=finish,
                     key=("propose", k) if fixed and state.static else None, buffers=history if state.static else ())
@@ -311,8 +309,7 @@ def _room_for(state: PromptLookupState, width: int) -> PromptLookupState:
     return state._replace(history=grown)
 
 
-def _chain_draft(tokens: torch.Tensor, counts: torch.Tensor) -> Draft:
-    """A chain :class:`Draft` of ``counts[b]`` present nodes per row; later nodes are absent."""
-    chain = chain_layout(tokens, counts)
+def _as_draft(chain: NgramChain) -> Draft:
+    """The chain :class:`Draft` of an :class:`~specdec.kernels.NgramChain` (absent nodes after each row's count)."""
     return Draft(tokens=chain.tokens, parents=chain.parents, depths=chain.depths, draft_probs=None,
                  scheme=DraftScheme.DETERMINISTIC)
