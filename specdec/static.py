@@ -66,7 +66,7 @@ from torch import nn
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .fused import FusedDecoder, decode_settings, fused_support
 from .graphs import BoundMark, CapturedStep, _spec, capture_graph, capture_graph_ref, mark_bound, settle_bound
-from .kernels import KVCompactPlan, tree_mask
+from .kernels import KVCompactPlan, tree_mask, tree_mask_at
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
@@ -744,20 +744,27 @@ class StaticAdapter:
         return state.dense and fused is not None and fused.reads_prefix_end(state.valid.shape[0], size)
 
     def _bucket_inputs(self, buf: _Buffers, state: StaticCacheState, tokens, parents, positions, present,
-                       size: int, runner: CapturedStep | None, mark, visible: bool) -> tuple[tuple, torch.Tensor]:
+                       size: int, runner: CapturedStep | None, mark, visible: bool, device_mask: bool = False
+                       ) -> tuple[tuple, torch.Tensor | None]:
         """Write a bucket forward's inputs (``runner``'s static ones, or new tensors without a runner): the tokens and
         positions (padding after them), the tree mask over the valid committed slots and the pending nodes, the
         write slots, and the bound the fused decoder reads (``buf.ends``, with ``buf.starts`` from the prefill, where
         ``visible``; else ``buf.prefix_end``). ``mark``: the key of ``buf.high_water`` of these mask columns.
-        Returns ``(inputs, all_parents)``, ``all_parents`` ``[B, P + size]``."""
+        Returns ``(inputs, all_parents)``, ``all_parents`` ``[B, P + size]``.
+
+        ``device_mask`` (no pending slots: :meth:`forward_commit`): the mask and the bound are left to the step
+        itself (:func:`~specdec.kernels.tree_mask_at` from the write slots, inside the graph); the inputs then end
+        with the nodes' parents and ``present`` (unless ``None``) padded to the bucket (``-1`` / ``False`` past
+        ``M``), and ``all_parents`` is ``None``."""
         B, M = tokens.shape
         P, Lc = state.num_pending, state.committed
         start = Lc + P
         if runner is not None:
             tok_s, pos_s, mask_s, slot_s = runner.inputs[:4]
             # The real nodes' columns of the captured inputs, as views made once per node count.
-            tok_m, pos_m = buf.consts.get(("inputs", mark, M)) or buf.consts.setdefault(
-                ("inputs", mark, M), (tok_s[:, :M], pos_s[:, :M]))
+            statics = (tok_s, pos_s) + (runner.inputs[4:4 + _node_inputs(present)] if device_mask else ())
+            views = buf.consts.get(("inputs", mark, M)) or buf.consts.setdefault(
+                ("inputs", mark, M), tuple(t[:, :M] for t in statics))
         else:
             device = tokens.device
             tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
@@ -765,9 +772,17 @@ class StaticAdapter:
             mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(buf.dtype).min,
                                 dtype=buf.dtype, device=device)
             slot_s = torch.zeros(size, dtype=torch.long, device=device)
-            tok_m, pos_m = tok_s[:, :M], pos_s[:, :M]
-        tok_m.copy_(tokens)
-        pos_m.copy_(positions)
+            extra_s = (torch.full((B, size), -1, dtype=torch.long, device=device),
+                       torch.zeros(B, size, dtype=torch.bool, device=device))[:_node_inputs(present)] \
+                if device_mask else ()
+            views = tuple(t[:, :M] for t in (tok_s, pos_s) + extra_s)
+        for view, new in zip(views, (tokens, positions, parents, present)):
+            view.copy_(new)
+        if device_mask:
+            self._write_slots(buf, slot_s, start, size)
+            inputs = (tok_s, pos_s, mask_s, slot_s) + (runner.inputs[4:4 + _node_inputs(present)]
+                                                       if runner is not None else extra_s)
+            return inputs, None
         if size > M:  # padding nodes: absent (parent -1), each sees only itself
             pad = self._const(buf, ("pad", size - M), lambda: torch.full(
                 (B, size - M), -1, dtype=parents.dtype, device=parents.device))
@@ -786,11 +801,15 @@ class StaticAdapter:
         high = buf.high_water.get(mark, 0) if runner is not None else 0
         if high > end:
             mask_s[:, :, :, end:high].fill_(torch.finfo(buf.dtype).min)
+        self._write_slots(buf, slot_s, start, size)
+        return (tok_s, pos_s, mask_s, slot_s), all_parents
+
+    def _write_slots(self, buf: _Buffers, slot_s: torch.Tensor, start: int, size: int) -> None:
+        """``slot_s[:] = start .. start + size - 1``, a bucket forward's write slots."""
         if size <= buf.arange.shape[0]:
             torch.add(self._const(buf, ("arange", size), lambda: buf.arange[:size]), start, out=slot_s)
         else:
-            slot_s.copy_(torch.arange(start, end, device=slot_s.device))
-        return (tok_s, pos_s, mask_s, slot_s), all_parents
+            slot_s.copy_(torch.arange(start, start + size, device=slot_s.device))
 
     def _run_plain(self, buf: _Buffers, state: StaticCacheState, tokens: torch.Tensor):
         """The plain step's forward (bucket 1, its own captured function): one token per row, kept at once.
@@ -861,14 +880,17 @@ class StaticAdapter:
 
     @torch.no_grad()
     def forward_commit(self, state: StaticCacheState, tokens: torch.Tensor, parents: torch.Tensor,
-                       positions: torch.Tensor, present: torch.Tensor, decide: Callable, extra: tuple, key
+                       positions: torch.Tensor, present: torch.Tensor | None, decide: Callable, extra: tuple, key
                        ) -> tuple[Any, StaticCacheState]:
         """:meth:`forward`, a caller's decision on its outputs and :meth:`commit` with ``late=True``, as one captured
         step (one graph replay on CUDA instead of a replay, the decision's launches and the commit's).
 
-        ``decide(logits, features, tokens, positions, *extra) -> (keep, counts, outputs)`` runs inside the capture,
-        right after the forward, on the forward's own outputs (no copies): ``logits [B, M, V]``, ``features`` (one
-        ``[B, M, H]`` per feature layer), the forward's ``tokens`` and ``positions [B, M]``; it returns the pending
+        The step builds its own tree mask from the device-side write slot (:func:`~specdec.kernels.tree_mask_at`):
+        the host only copies the nodes' tokens, positions, parents (and ``present``) into the graph's inputs.
+        ``decide(logits, features, tokens, positions, parents, *extra) -> (keep, counts, outputs)`` runs inside the
+        capture, right after the forward, on the forward's own outputs (no copies): ``logits [B, M, V]``,
+        ``features`` (one ``[B, M, H]`` per feature layer), the forward's ``tokens``, ``positions`` and ``parents``
+        ``[B, M]``; it returns the pending
         indices each row keeps (``keep [B, A]``, ``-1`` padded), their count (``counts [B]``) and any tensors
         (``outputs``). It must be a function of its tensor arguments alone, without host syncs (it is replayed);
         ``key`` names it (one capture per bucket, node count, ``key`` and shapes of ``extra``). Each row's kept
@@ -885,9 +907,11 @@ class StaticAdapter:
             parents: Shape ``[B, M]`` int64, parent of each node (``-1``: on the committed prefix), as
                 :meth:`forward`'s.
             positions: Shape ``[B, M]`` int64, position ids.
-            present: Shape ``[B, M]`` bool, absent nodes see only themselves.
+            present: Shape ``[B, M]`` bool, absent nodes see only themselves; ``None``: node 0 (the root) and every
+                node with a parent are present, the others absent (the tree convention of
+                :func:`specdec.step.step`), found inside the step.
             decide: see above.
-            extra: tensors passed to ``decide`` after ``positions`` (copied into the captured step's inputs).
+            extra: tensors passed to ``decide`` after ``parents`` (copied into the captured step's inputs).
             key: hashable, names ``decide``'s computation.
 
         Returns:
@@ -910,9 +934,10 @@ class StaticAdapter:
         self._late_ends(buf, state)  # the captured step moves each row's path to its end
         visible = self._visible(state, size)
         (outputs, keep, counts), _ = self._bucket_step(
-            buf, state, ("commit", size, M, key, _spec(extra), visible), size, (tokens, parents, positions, present),
-            extra, lambda: self._commit_fn(buf, size, M, decide, visible),
-            lambda step, inputs: self._capture_committing(buf, step, inputs), visible)
+            buf, state, ("commit", size, M, key, _spec(extra), visible, present is None), size,
+            (tokens, parents, positions, present), extra, lambda: self._commit_fn(buf, size, M, decide, visible,
+                                                                                  present is None),
+            lambda step, inputs: self._capture_committing(buf, step, inputs), visible, device_mask=True)
         return outputs, self._late_committed(buf, state, keep.shape[1], counts)
 
     @torch.no_grad()
@@ -978,15 +1003,17 @@ class StaticAdapter:
                                       pending_present=pending_present, ticket=self._issue())
 
     def _bucket_step(self, buf: _Buffers, state: StaticCacheState, graph_key, size: int, nodes: tuple, extra: tuple,
-                     make_step: Callable[[], Callable], capture: Callable[..., CapturedStep], visible: bool):
+                     make_step: Callable[[], Callable], capture: Callable[..., CapturedStep], visible: bool,
+                     device_mask: bool = False):
         """Write a bucket forward's inputs for ``nodes`` (``tokens, parents, positions, present``), then run the
         step captured under ``graph_key`` on them and ``extra`` (``make_step()`` captured by ``capture`` at its
         first call; run eagerly past the largest bucket); ``visible``: its forward reads the rows' ends (see
-        :meth:`_model_fn`), a key of its own. Returns ``(the step's outputs, all_parents)``."""
+        :meth:`_model_fn`), a key of its own; ``device_mask``: the step builds its own mask (see
+        :meth:`_bucket_inputs`). Returns ``(the step's outputs, all_parents)``."""
         runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
-        inputs, all_parents = self._bucket_inputs(buf, state, *nodes, size, runner, graph_key, visible)
+        inputs, all_parents = self._bucket_inputs(buf, state, *nodes, size, runner, graph_key, visible, device_mask)
         if runner is not None:
-            for static, new in zip(runner.inputs[4:], extra):
+            for static, new in zip(runner.inputs[len(inputs):], extra):
                 static.copy_(new)
             out = runner._run()
         elif size > self.buckets[-1]:
@@ -1023,19 +1050,32 @@ class StaticAdapter:
             return torch.stack(drafts, 1)
         return run
 
-    def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable, visible: bool) -> Callable:
-        """The function :meth:`forward_commit` captures: forward, ``decide``, then the moves to the rows' ends."""
+    def _commit_fn(self, buf: _Buffers, size: int, M: int, decide: Callable, visible: bool,
+                   root_present: bool = False) -> Callable:
+        """The function :meth:`forward_commit` captures: the tree mask (:func:`~specdec.kernels.tree_mask_at`, from
+        the device-side write slot), forward, ``decide``, then the moves to the rows' ends. ``root_present``: no
+        ``present`` input; node 0 and the nodes with a parent are present."""
         model = self._model_fn(buf, visible)
         compile_fn = getattr(self._capture_fn(), "compile_fn", None)
         if compile_fn is not None:  # compile the forward alone: the kernels after it run as they are
             model = compile_fn(model)
         valid, ends, plan, vocab = buf.valid, buf.ends, buf.compact, self.vocab_size
+        fused = self._store.fused
+        prefix_end = not visible and fused is not None and fused.reads_prefix_end(valid.shape[0], size)
 
-        def run(tokens, positions, mask, slots, *extra):
+        first = torch.arange(size, device=valid.device)[None, :] == 0 if root_present else None
+
+        def run(tokens, positions, mask, slots, parents, *extra):
+            present, extra = ((parents >= 0) | first, extra) if root_present else (extra[0], extra[1:])
+            # The mask from the device-side write slot (Lc = slots[0]): built inside the graph, nothing on the host.
+            tree_mask_at(valid, parents, present, slots[:1], mask)
+            if prefix_end:  # the committed slots' count the fused decoder's tree attention reads (see _model_fn)
+                buf.prefix_end.copy_(slots[:1])
             logits, feats = model(tokens if vocab is None else tokens.clamp(0, vocab - 1), positions, mask, slots)
             if size > M:
                 logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
-            keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], *extra)
+            keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], parents[:, :M],
+                                           *extra)
             plan.move_to_ends(keep, slots[:1], ends)  # no pending slots before: the first write slot is Lc
             _kept_at_ends(valid, ends, torch.arange(keep.shape[1], device=keep.device)[None, :], counts)
             return outputs, keep, counts
@@ -1206,6 +1246,12 @@ class StaticAdapter:
         empty_bool = self._const(buf, ("empty", torch.bool), lambda: empty.bool())
         return state._replace(committed=state.committed + A, lengths=state.lengths + counts, pending_parents=empty,
                               pending_present=empty_bool, ticket=self._issue(), ends=ends, mark=mark)
+
+
+def _node_inputs(present: torch.Tensor | None) -> int:
+    """How many per-node inputs past the write slots a :meth:`StaticAdapter.forward_commit` step takes: the parents,
+    and ``present`` unless the step finds it from the parents."""
+    return 1 if present is None else 2
 
 
 def _kept_at_ends(valid: torch.Tensor, ends: torch.Tensor, columns: torch.Tensor, counts: torch.Tensor) -> None:

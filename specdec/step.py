@@ -274,12 +274,12 @@ def _tree(adapter, state: DecodeState, draft: Draft, num_drafts: int, drafter, s
     if not captured:
         draft, bad = _sanitised(draft, adapter.vocab_size)
     # 2. Target forward over [root] + drafts under the tree mask, positions = prefix length + depth.
-    present = draft.parents >= 0
-    present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
     nodes, positions = torch.cat([roots[:, None], draft.tokens], 1), cache.lengths[:, None] + draft.depths
     if captured:
-        # 2-4 as one captured step on the fast path: forward, greedy verify, emitted tokens, feedback rows, keep.
-        return _tree_captured(adapter, state, draft, nodes, positions, present, num_drafts, drafter, active, clock)
+        # 2-4 as one captured step on the fast path: mask, forward, greedy verify, emitted tokens, feedback rows, keep.
+        return _tree_captured(adapter, state, draft, nodes, positions, num_drafts, drafter, active, clock)
+    present = draft.parents >= 0
+    present[:, 0] = True  # the root (parent -1) is always there; other nodes with parent -1 are absent
     out, pending = adapter.forward(cache, nodes, draft.parents, positions, present)
     _tick(clock, "target")
     # 3. Verify: every verifier is called the same way; drafts are never deeper than K (no sync for the depth).
@@ -355,8 +355,8 @@ def _greedy_decision(verifier, num_drafts: int, scheme, vocab: int | None) -> Ca
     return decide
 
 
-def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, present, num_drafts: int,
-                   drafter, active, clock) -> StepOutput:
+def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, num_drafts: int, drafter, active,
+                   clock) -> StepOutput:
     """:func:`_tree_late` for a greedy step on an adapter with ``forward_commit``: the ids' check, forward, verify,
     emitted tokens, feedback rows and the late commit replay as one captured step (identical results, fewer
     launches). A graphed drafter that drafts ahead adds its update and next draft to that step
@@ -365,13 +365,14 @@ def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, 
     live = _all_rows(state.roots) if active is None else active
     vocab = adapter.vocab_size
     decide = _greedy_decision(verifier, num_drafts, draft.scheme, vocab)
-    extra, key = (draft.parents, live), ("greedy", verifier, num_drafts, draft.scheme, vocab)
+    extra, key = (live,), ("greedy", verifier, num_drafts, draft.scheme, vocab)  # decide gets the parents first
     # A graphed drafter that drafts ahead may run its update and next draft inside the same capture (one replay).
     fold_for = getattr(drafter, "fold_for", None)
     fold = fold_for(state.drafter_state, num_drafts, nodes.device) if fold_for is not None else None
     if fold is not None:
         decide, extra, key = _folded(decide, fold.run), extra + fold.extra, key + (fold.key,)
-    outputs, cache = adapter.forward_commit(state.cache, nodes, draft.parents, positions, present, decide, extra, key)
+    # present=None: the root and every node with a parent (step()'s convention), found inside the captured step
+    outputs, cache = adapter.forward_commit(state.cache, nodes, draft.parents, positions, None, decide, extra, key)
     outputs, folded = outputs if fold is not None else (outputs, None)
     result, tokens, counts, rows, path, bad = outputs
     for phase in ("target", "verify", "commit"):

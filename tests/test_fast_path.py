@@ -781,7 +781,9 @@ def test_late_commits_keep_rows_dense_and_give_the_eager_forwards(device):
 def test_a_captured_forward_and_commit_equals_forward_then_a_late_commit(device):
     """StaticAdapter.forward_commit (forward, the caller's decision and the late commit as one captured step, Lc
     read on the device) leaves the cache as forward() + commit(late=True) do, over replays at growing Lc, a plain
-    step between, and a tree wider than every bucket (run eagerly); the capture's warm-up runs change nothing."""
+    step between, and a tree wider than every bucket (run eagerly); the capture's warm-up runs change nothing. The
+    step builds its mask on the device (given ``present``, or ``present=None``: the root and the nodes with a
+    parent) and hands ``decide`` the parents it was given."""
     model = tiny_model("llama").to(device)
     ids, mask = _prompts(3, device)
     capture = None if device == "cuda" else (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=2))
@@ -791,13 +793,16 @@ def test_a_captured_forward_and_commit_equals_forward_then_a_late_commit(device)
     _, st_r = ref.prefill(ids, mask)
     _, st_c = cap.prefill(ids, mask)
 
-    def decide(logits, features, tokens, positions, keep, counts):  # the kept paths come in as inputs
-        return keep, counts, (logits * 1, tuple(f * 1 for f in features), tokens * 1, positions * 1)
+    def decide(logits, features, tokens, positions, parents, keep, counts):  # the kept paths come in as inputs
+        return keep, counts, (logits * 1, tuple(f * 1 for f in features), tokens * 1, positions * 1, parents * 1)
 
     rng = random.Random(5)
     for k, nodes in enumerate([6, 7, 6, 13, 20, 6]):
         parents = random_forest(rng, 3, nodes).to(device)
         tokens, positions, present = _tree_inputs(st_r, parents, k)
+        derived = k % 2 == 1  # present=None: the step finds the tree convention (_tree_inputs') from the parents
+        if not derived and k:
+            present[k % 3, -1] = False  # a given present that is not the convention: honoured as given
         paths = [_random_path(row) for row in parents.tolist()]
         paths[k % 3] = paths[k % 3][:1]
         counts = torch.tensor([len(p) for p in paths], device=device)
@@ -805,8 +810,9 @@ def test_a_captured_forward_and_commit_equals_forward_then_a_late_commit(device)
         counts = counts.clamp(max=4)
         out_r, st_r = ref.forward(st_r, tokens, parents, positions, present)
         st_r = ref.commit(st_r, keep, counts, late=True)
-        (logits, feats, seen_tokens, seen_positions), st_c = cap.forward_commit(
-            st_c, tokens, parents, positions, present, decide, (keep, counts), "given")
+        (logits, feats, seen_tokens, seen_positions, seen_parents), st_c = cap.forward_commit(
+            st_c, tokens, parents, positions, None if derived else present, decide, (keep, counts), "given")
+        assert torch.equal(seen_parents, parents)
         torch.testing.assert_close(logits, out_r.logits, atol=2e-5, rtol=1e-5)
         for a, b in zip(feats, out_r.features):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
@@ -821,8 +827,9 @@ def test_a_captured_forward_and_commit_equals_forward_then_a_late_commit(device)
     # the next forwards see the same cache
     parents = random_forest(rng, 3, 5).to(device)
     _forward_both(ref, cap, st_r, st_c, parents, 99)
-    assert [key[:3] for key in cap._store.buffers.runners if isinstance(key, tuple)] == [
-        ("commit", 8, 7), ("commit", 8, 8), ("commit", 16, 14)]  # root + nodes; 21 > every bucket: eagerly
+    assert [key[:3] + key[-1:] for key in cap._store.buffers.runners if isinstance(key, tuple)] == [
+        ("commit", 8, 7, False), ("commit", 8, 8, True), ("commit", 16, 14, True), ("commit", 8, 7, True)
+    ]  # root + nodes, present given (even k) or found (odd k); 21 > every bucket: eagerly
     with pytest.raises(ValueError, match="no pending slots"):
         _, pending = cap.forward(cap.prefill(ids, mask)[1], tokens[:, :2], parents[:, :2], positions[:, :2])
         cap.forward_commit(pending, tokens, parents, positions, present, decide, (keep, counts), "given")

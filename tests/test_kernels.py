@@ -199,6 +199,57 @@ def test_tree_mask_rejects_bad_input_with_a_fix():
         tree_mask(valid, parents, present, torch.float32, out=torch.empty(2, 1, 4, 6))
 
 
+# (batch, capacity C, mask width W, first write slot Lc, new nodes M, dtype): Lc = 0, a long committed prefix
+# (several tiles), the nodes' columns at the end of the width, batch 1 and odd sizes.
+AT_CASES = [
+    (1, 8, 8, 0, 1, torch.float32),
+    (1, 96, 96, 5, 64, torch.bfloat16),
+    (3, 70, 64, 13, 16, torch.float16),
+    (2, 1200, 1152, 1029, 61, torch.float32),
+    (4, 40, 40, 31, 9, torch.bfloat16),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch,capacity,width,start,new,dtype", AT_CASES,
+                         ids=[f"B{b}-C{c}-W{w}-Lc{lc}-M{m}-{str(d)[6:]}" for b, c, w, lc, m, d in AT_CASES])
+def test_tree_mask_at_kernel_equals_reference_and_tree_mask(batch, capacity, width, start, new, dtype):
+    g = torch.Generator().manual_seed(start + new)
+    valid = (torch.rand(batch, capacity, generator=g) < 0.8).to(DEVICE)
+    parents, present = pending_forest(start * 3 + new, batch, 0, new)
+    parents, present = parents.to(DEVICE), present.to(DEVICE)
+    first = torch.tensor([start], device=DEVICE)
+    want = sd.kernels.tree_mask_at_ref(valid, parents, present, first, torch.full((batch, 1, new, width), 7.0,
+                                                                                  dtype=dtype, device=DEVICE))
+    # written whole into a view of a bigger buffer (every column, no other element touched)
+    buffer = torch.full((batch + 1, 1, new + 2, width + 8), 7.0, dtype=dtype, device=DEVICE)
+    got = kernel(sd.kernels.tree_mask_at, valid, parents, present, first, buffer[:batch, :, :new, :width])
+    assert got.data_ptr() == buffer.data_ptr() and torch.equal(got, want)
+    untouched = torch.ones_like(buffer, dtype=torch.bool)
+    untouched[:batch, :, :new, :width] = False
+    assert bool((buffer[untouched] == 7.0).all())
+    # = tree_mask over valid[:, :Lc] for the first Lc + M columns, hidden past them
+    end = start + new
+    assert torch.equal(want[..., :end], tree_mask_ref(valid[:, :start], parents, present, dtype).mask)
+    assert bool((want[..., end:] == torch.finfo(dtype).min).all())
+
+
+def test_tree_mask_at_reads_the_write_slot_from_the_device_and_rejects_bad_input():
+    valid = torch.tensor([[True, False, True, True, True, True]])
+    parents, present = torch.tensor([[-1, 0, -1]]), torch.tensor([[True, True, False]])
+    out = torch.empty(1, 1, 3, 6)
+    seen = [(sd.kernels.tree_mask_at(valid, parents, present, torch.tensor([lc]), out)[0, 0] == 0).int().tolist()
+            for lc in (2, 3)]
+    assert seen[0] == [[1, 0, 1, 0, 0, 0], [1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 0]]
+    assert seen[1] == [[1, 0, 1, 1, 0, 0], [1, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1]]
+    with pytest.raises(ValueError, match="one-element int64"):
+        sd.kernels.tree_mask_at(valid, parents, present, torch.tensor([2, 3]), out)
+    with pytest.raises(ValueError, match="W <= C"):
+        sd.kernels.tree_mask_at(valid, parents, present, torch.tensor([2]), torch.empty(1, 1, 3, 7))
+    with pytest.raises(ValueError, match="present must be"):
+        sd.kernels.tree_mask_at(valid, parents, present[:, :2], torch.tensor([2]), out)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The draft head's cache mask (same family): committed slots by length, frontier visibility over scratch slots
 # ----------------------------------------------------------------------------------------------------------------

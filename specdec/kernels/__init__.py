@@ -122,6 +122,8 @@ from .tree_mask import (
                         head_update_mask,
                         head_update_mask_ref,
                         tree_mask,
+                        tree_mask_at,
+                        tree_mask_at_ref,
                         tree_mask_ref,
 )
 from .verify import (
@@ -140,7 +142,8 @@ __all__ = [
     "KERNEL_MODES", "kernel_mode", "set_kernel_mode", "get_kernel_mode", "triton_available", "interpreter_enabled",
     "pdl_enabled", "set_pdl",
     # ops and their references
-    "TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref",
+    "TreeMask", "tree_mask", "tree_mask_ref", "tree_mask_at", "tree_mask_at_ref",
+    "head_tree_mask", "head_tree_mask_ref",
     "HeadUpdate", "head_update_mask", "head_update_mask_ref",
     "verify_greedy", "verify_greedy_ref",
     "VerifyNoise", "draw_verify_noise", "verify_chain_noise", "verify_chain_noise_ref",

@@ -31,8 +31,8 @@ from ..trees import ancestor_matrix
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 
-__all__ = ["TreeMask", "tree_mask", "tree_mask_ref", "head_tree_mask", "head_tree_mask_ref", "HeadUpdate",
-           "head_update_mask", "head_update_mask_ref"]
+__all__ = ["TreeMask", "tree_mask", "tree_mask_ref", "tree_mask_at", "tree_mask_at_ref", "head_tree_mask",
+           "head_tree_mask_ref", "HeadUpdate", "head_update_mask", "head_update_mask_ref"]
 
 
 class TreeMask(NamedTuple):
@@ -288,6 +288,137 @@ def tree_mask(
     if use_kernel("tree_mask", *tensors):
         return _tree_mask_triton(committed_valid, parents, present, dtype, lengths, out, alignment)
     return tree_mask_ref(committed_valid, parents, present, dtype, lengths=lengths, out=out, alignment=alignment)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The target's verify forward over a static cache, its first write slot on the device (inside a CUDA graph)
+# --------------------------------------------------------------------------------------------------------
+
+
+def _check_at(valid, parents, present, start, out) -> tuple[int, int, int]:
+    if not isinstance(valid, torch.Tensor) or valid.dim() != 2 or valid.dtype != torch.bool:
+        raise ValueError("tree_mask_at: valid must be a bool tensor of shape [B, C] (the static cache's valid "
+                         "slots, StaticCacheState.valid)")
+    batch = valid.shape[0]
+    if not isinstance(parents, torch.Tensor) or parents.dim() != 2 or parents.shape[0] != batch \
+            or parents.dtype != torch.long:
+        raise ValueError(f"tree_mask_at: parents must be an int64 tensor of shape [B, M] = [{batch}, M] (each new "
+                         f"node's parent among the M new nodes, -1 for none), got {getattr(parents, 'dtype', None)} "
+                         f"{tuple(getattr(parents, 'shape', ()))}")
+    nodes = parents.shape[1]
+    if not isinstance(present, torch.Tensor) or present.dtype != torch.bool or tuple(present.shape) != (batch, nodes):
+        raise ValueError(f"tree_mask_at: present must be a bool tensor of shape [B, M] = [{batch}, {nodes}] (which "
+                         f"new nodes are real), got {getattr(present, 'dtype', None)} "
+                         f"{tuple(getattr(present, 'shape', ()))}")
+    if not isinstance(start, torch.Tensor) or start.numel() != 1 or start.dtype != torch.long:
+        raise ValueError("tree_mask_at: start must be a one-element int64 tensor (the first write slot, Lc: e.g. "
+                         "slots[:1] of the forward's write slots)")
+    if not isinstance(out, torch.Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != (batch, 1, nodes) \
+            or not out.dtype.is_floating_point or out.stride(-1) != 1 or out.shape[-1] > valid.shape[1]:
+        raise ValueError(f"tree_mask_at: out must be a floating tensor of shape [B, 1, M, W] = [{batch}, 1, {nodes}, "
+                         f"W] with unit last stride and W <= C = {valid.shape[1]} (the forward's mask buffer), got "
+                         f"{getattr(out, 'dtype', None)} {tuple(getattr(out, 'shape', ()))}")
+    devices = {t.device for t in (valid, parents, present, start, out)}
+    if len(devices) > 1:
+        raise ValueError(f"tree_mask_at: all tensors must be on one device, got {sorted(map(str, devices))}")
+    return batch, nodes, out.shape[-1]
+
+
+def tree_mask_at_ref(valid: torch.Tensor, parents: torch.Tensor, present: torch.Tensor, start: torch.Tensor,
+                     out: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`tree_mask_at` (same arguments and result), with torch ops and no host sync."""
+    batch, nodes, width = _check_at(valid, parents, present, start, out)
+    cols = torch.arange(width, device=out.device)
+    first = start.reshape(())
+    seen = ((cols < first) & valid[:, :width])[:, None, :] & present[:, :, None]  # [B, M, W]
+    if nodes:
+        j = cols - first
+        inside = (j >= 0) & (j < nodes)
+        anc = ancestor_matrix(parents)  # [B, M, M], each node's ancestors and itself
+        tree = anc.gather(2, j.clamp(0, nodes - 1).expand(batch, nodes, width)) & inside
+        seen = seen | tree
+    return out.copy_(torch.where(seen[:, None], 0.0, torch.finfo(out.dtype).min).to(out.dtype))
+
+
+@jit
+def _tree_mask_at_kernel(valid_ptr, parents_ptr, present_ptr, start_ptr, out_ptr, fill_ptr, M, W,
+                         stride_vb, stride_pb, stride_rb, stride_ob, stride_oq,
+                         BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
+    query = tl.program_id(0)
+    row = tl.program_id(1)
+    zero = tl.load(fill_ptr)
+    hidden = tl.load(fill_ptr + 1)
+    first = tl.load(start_ptr)
+    present = tl.load(present_ptr + row * stride_rb + query) != 0
+    out_row = out_ptr + row * stride_ob + query * stride_oq
+    # Every column but the new nodes' own: a valid committed slot below `first` if the node is real; else hidden.
+    for base in range(0, W, BLOCK_L):
+        cols = base + tl.arange(0, BLOCK_L)
+        inside = cols < W
+        below = cols < first
+        valid = tl.load(valid_ptr + row * stride_vb + cols, mask=inside & below, other=0) != 0
+        tree = (cols >= first) & (cols < first + M)
+        tl.store(out_row + cols, tl.where(valid & below & present, zero, hidden), mask=inside & ~tree)
+    # The new nodes' columns: the node itself and its ancestors (walked up to -1; parents precede children).
+    cols = tl.arange(0, BLOCK_T)
+    seen = cols == query
+    current = query.to(tl.int64)
+    parent = tl.load(parents_ptr + row * stride_pb + current)
+    while (parent >= 0) & (parent < current):
+        seen = seen | (cols == parent)
+        current = parent
+        parent = tl.load(parents_ptr + row * stride_pb + current)
+    tl.store(out_row + first + cols, tl.where(seen, zero, hidden), mask=(cols < M) & (first + cols < W))
+
+
+def tree_mask_at(valid: torch.Tensor, parents: torch.Tensor, present: torch.Tensor, start: torch.Tensor,
+                 out: torch.Tensor) -> torch.Tensor:
+    """The additive mask of a tree forward over a static cache whose first write slot lives on the device.
+
+    :func:`tree_mask` for the fast path's captured verify step: the ``M`` new nodes (no earlier pending slots)
+    are written at slots ``Lc .. Lc + M - 1`` with ``Lc = start`` read on the device, so one CUDA graph serves
+    every step (the host builds nothing; the mask is the graph's first kernel). Every column of ``out`` is
+    written::
+
+        visible[b, q, k] = valid[b, k] & present[b, q]                       (k < Lc)
+                         = j == q  or  j is an ancestor of q,  j = k - Lc     (Lc <= k < Lc + M)
+                         = False                                              (k >= Lc + M)
+        out = where(visible, 0, finfo(out.dtype).min)
+
+    An absent node (parent ``-1``, not present) sees only itself. For columns below ``Lc + M`` the values equal
+    :func:`tree_mask`'s with ``committed_valid = valid[:, :Lc]``, bit for bit; past them, hidden.
+
+    Dispatch: the Triton kernel when the tensors are on CUDA and triton imports, :func:`tree_mask_at_ref`
+    otherwise (see :func:`specdec.kernels.kernel_mode`).
+
+    Args:
+        valid: Shape ``[B, C]`` bool, which cache slots hold real tokens (only those below ``Lc`` are read).
+        parents: Shape ``[B, M]`` int64, each new node's parent among the new nodes (``-1``: none); parents
+            precede their children.
+        present: Shape ``[B, M]`` bool, which new nodes are real.
+        start: Shape ``[1]`` int64, ``Lc`` (e.g. ``slots[:1]`` of the forward's write slots).
+        out: Shape ``[B, 1, M, W]`` floating, ``W <= C``, unit last stride: written whole.
+
+    Returns:
+        ``out``.
+
+    Example:
+        >>> m = tree_mask_at(torch.tensor([[False, True, True, True]]), torch.tensor([[-1, 0]]),
+        ...                  torch.tensor([[True, True]]), torch.tensor([2]), torch.empty(1, 1, 2, 4))
+        >>> (m[0, 0] == 0).int().tolist()
+        [[0, 1, 1, 0], [0, 1, 1, 1]]
+    """
+    _check_at(valid, parents, present, start, out)
+    if not use_kernel("tree_mask_at", valid, parents, present, start, out):
+        return tree_mask_at_ref(valid, parents, present, start, out)
+    batch, nodes = parents.shape
+    if batch and nodes:
+        _tree_mask_at_kernel[(nodes, batch)](
+            valid.view(torch.uint8), parents, present.view(torch.uint8), start, out,
+            _fill_values(out.dtype, out.device), nodes, out.shape[-1], valid.stride(0), parents.stride(0),
+            present.stride(0), out.stride(0), out.stride(2), BLOCK_L=512, BLOCK_T=next_pow2(nodes), **pdl_launch())
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------
