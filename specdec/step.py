@@ -351,7 +351,7 @@ def _greedy_decision(verifier, num_drafts: int, scheme, vocab: int | None) -> Ca
         D1 = min(result.accepted_nodes.shape[1], nodes.shape[1])
         path = result.accepted_nodes[:, :D1]
         rows = accepted_feedback(nodes[:, 0], tokens, keep_counts, positions[:, 0], D1, features, path)
-        return path, keep_counts, (result, tokens, counts, rows, path, bad)
+        return path, keep_counts, (result, tokens, counts, rows, path, bad, _packed(counts, tokens, bad))
     return decide
 
 
@@ -374,7 +374,7 @@ def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, 
     # present=None: the root and every node with a parent (step()'s convention), found inside the captured step
     outputs, cache = adapter.forward_commit(state.cache, nodes, draft.parents, positions, None, decide, extra, key)
     outputs, folded = outputs if fold is not None else (outputs, None)
-    result, tokens, counts, rows, path, bad = outputs
+    result, tokens, counts, rows, path, bad, packed = outputs  # packed: the tokens for the host, made in the graph
     for phase in ("target", "verify", "commit"):
         _tick(clock, phase)
     # The captured step's outputs are overwritten by its next replay: the new roots outlive it.
@@ -382,11 +382,12 @@ def _tree_captured(adapter, state: DecodeState, draft: Draft, nodes, positions, 
     if fold is not None:
         drafter_state = fold.finish(folded, result.next_tokens, cache.lengths)
         return _late_output(state, cache, draft, result, path, tokens, counts, None, bad, drafter, clock,
-                            drafter_state)
+                            drafter_state, packed)
     copies = getattr(drafter, "copies_feedback", None)
     if drafter is not None and not (copies is not None and copies(tokens.device)):
         rows = type(rows)(*(tuple(t.clone() for t in f) if isinstance(f, tuple) else f.clone() for f in rows))
-    return _late_output(state, cache, draft, result, path, tokens, counts, rows, bad, drafter, clock)
+    return _late_output(state, cache, draft, result, path, tokens, counts, rows, bad, drafter, clock,
+                        packed=packed)
 
 
 def _feedback(rows, roots: torch.Tensor, path: torch.Tensor) -> Feedback:
@@ -402,17 +403,24 @@ def _folded(decide: Callable, run: Callable) -> Callable:
     the drafter's state tensors."""
     def decide_and_fold(logits, features, nodes, positions, parents, active, *state):
         keep, keep_counts, outputs = decide(logits, features, nodes, positions, parents, active)
-        result, _, _, rows, path, _ = outputs
+        result, _, _, rows, path, _, _ = outputs
         lengths = positions[:, 0] + keep_counts  # each row's length after the commit: the next roots' positions
         return keep, keep_counts, (outputs, run(_feedback(rows, result.next_tokens, path), lengths, *state))
     return decide_and_fold
 
 
+def _packed(counts: torch.Tensor, tokens: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
+    """What a late tree step copies to the host: per row its count, its tokens, then the bad-id flags
+    (``[B, 1 + (K + 1) + N]`` int64; the flags only with a known vocabulary)."""
+    return torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)
+
+
 def _late_output(state: DecodeState, cache, draft: Draft, result: VerifyResult, path: torch.Tensor,
                  tokens: torch.Tensor, counts: torch.Tensor, rows, bad: torch.Tensor | None, drafter, clock,
-                 folded_state: Any = None) -> StepOutput:
+                 folded_state: Any = None, packed: torch.Tensor | None = None) -> StepOutput:
     """A late tree step's end: the drafter absorbs ``rows`` (unless its update ran folded into the step: then
-    ``folded_state`` is its new state), and the tokens start their way to the host."""
+    ``folded_state`` is its new state), and the tokens start their way to the host (``packed``, :func:`_packed`'s
+    tensor when the captured step made it already)."""
     drafter_state = state.drafter_state
     if folded_state is not None:
         drafter_state = folded_state
@@ -421,7 +429,7 @@ def _late_output(state: DecodeState, cache, draft: Draft, result: VerifyResult, 
         drafter_state = drafter.update(drafter_state, _feedback(rows, result.next_tokens, path))
         _tick(clock, "update")
     # The tokens on their way to the host: per row its count, its tokens, then the bad-id flags (read one step late).
-    packed = torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)
+    packed = _packed(counts, tokens, bad) if packed is None else packed
     T, D1 = tokens.shape[1], path.shape[1]
 
     def read(host: list[list[int]]) -> list[list[int]]:

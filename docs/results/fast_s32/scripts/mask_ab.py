@@ -4,7 +4,9 @@ parents' and presence's padding concatenated there).
 
 Fixture target, random heads, bf16, greedy, batch 1, prompts cut to their last 256 tokens, 128 new tokens,
 ``generate(fast=True)``. "before" patches ``StaticAdapter.forward_commit`` back to session 31's code path (the host
-mask; its graphs under keys of their own). Each prompt runs new, then before, method by method (interleaved,
+mask, ``present`` built on the host, the parents copied a second time as ``decide``'s extra; its graphs under keys
+of their own); both run this session's ``decide`` (the late tokens packed inside the graph), so the A/B is the
+mask's part alone. Each prompt runs new, then before, method by method (interleaved,
 ``--reps`` rounds): ms per step (medians, and the median of per-call ratios), whether the tokens agree.
 
     python docs/results/fast_s32/scripts/mask_ab.py --fx .fixtures/fx --out $OUT/mask_ab.json
