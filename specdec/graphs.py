@@ -35,7 +35,7 @@ the eager drafter. A graphed drafter serves one ``generate()`` at a time (its st
 Graphs are for inference: the wrapper runs under ``torch.no_grad()``.
 
 **The next draft inside the update** (``prefetch=True``; off by default: on the H200 it saved 0-0.15 ms of a ~1-1.4
-ms parallel-drafter step, within the spread between runs; ``docs/fast_path.md``, session 22). A drafter whose
+ms parallel-drafter step, within the spread between runs; ``docs/fast_path_log.md``, session 22). A drafter whose
 ``prefetches_drafts`` is true promises that its ``draft_step`` reads of a request only ``num_drafts`` and ``roots``
 (the parallel drafters with stateful heads: P-EAGLE, DFlash, DSpark), so the next step's draft can be computed as
 soon as the update's feedback (whose ``roots`` are the next request's) is in. Their ``update`` then replays *one*
@@ -44,7 +44,7 @@ straight from the absorb step's outputs, not copied in), and the next ``propose`
 launching anything when it is called with the state ``update`` returned, those roots and that ``K``; otherwise
 (another ``K``, a plain step) the prefetched draft is dropped and ``propose`` runs as usual, so the results never
 change: the same kernels run on the same values in the same order. This saves a graph launch, the draft step's input
-copies and its output clones per step (the parallel drafters' steps are bound by the host: ``docs/fast_path.md``,
+copies and its output clones per step (the parallel drafters' steps are bound by the host: ``docs/fast_path_log.md``,
 sessions 19 and 22).
 
 **The update and the next draft inside the caller's step** (``fold=True``, the default). For the same drafters,
@@ -58,7 +58,7 @@ next draft: **one graph replay a step instead of three**, the drafter's state te
 which shows where the draft step's inputs come from; a drafter whose update reads a tensor made from the feedback
 (not the feedback's own tensors) is never folded. Same kernels, same values, same order: float32 greedy identity is
 tested against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the fixture's
-parallel steps took 6-8% less time (``docs/fast_path.md``, session 30).
+parallel steps took 6-8% less time (``docs/fast_path_log.md``, session 30).
 
 References:
     NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
