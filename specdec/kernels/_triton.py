@@ -64,12 +64,21 @@ def pdl_enabled() -> bool:
     return bool(pdl_launch())
 
 
+_CUDA: list = []  # torch.cuda.is_available(), asked once (it is an NVML query or a device count per call)
+
+
+def _cuda_available() -> bool:
+    if not _CUDA:
+        _CUDA.append(torch.cuda.is_available())
+    return _CUDA[0]
+
+
 def pdl_launch() -> dict:
     """Keywords for a kernel launch: ``{"PDL": True, "launch_pdl": True}`` where :func:`pdl_enabled`, else ``{}``
     (the kernels' ``PDL`` defaults to off). Measured on the H200 (session 25, ``docs/results/fast_s25``): a CUDA
     graph of dependent small kernels runs 0.24-0.49 us per kernel faster."""
     override = _PDL_OVERRIDE[0]
-    if INTERPRETED or triton is None or gdc_wait is None or override is False or not torch.cuda.is_available():
+    if INTERPRETED or triton is None or gdc_wait is None or override is False or not _cuda_available():
         return {}
     key = torch.cuda.current_device()
     kw = _PDL.get(key)
