@@ -890,13 +890,13 @@ class StaticAdapter:
         ``decide(logits, features, tokens, positions, parents, *extra) -> (keep, counts, outputs)`` runs inside the
         capture, right after the forward, on the forward's own outputs (no copies): ``logits [B, M, V]``,
         ``features`` (one ``[B, M, H]`` per feature layer), the forward's ``tokens``, ``positions`` and ``parents``
-        ``[B, M]``; it returns the pending
-        indices each row keeps (``keep [B, A]``, ``-1`` padded), their count (``counts [B]``) and any tensors
-        (``outputs``). It must be a function of its tensor arguments alone, without host syncs (it is replayed);
-        ``key`` names it (one capture per bucket, node count, ``key`` and shapes of ``extra``). Each row's kept
-        slots then move to the row's own end of the cache (the device-side ``Lc`` is the captured write slot), as
-        :meth:`commit` with ``late=True``. The model reads the ids clamped into ``[0, V)`` (with a known
-        ``vocab_size``: an id outside never reaches the embedding); ``decide`` sees them as given, to flag them.
+        ``[B, M]``; it returns the pending indices each row keeps (``keep [B, A]``, ``-1`` padded), their count
+        (``counts [B]``) and any tensors (``outputs``). It must be a function of its tensor arguments alone,
+        without host syncs (it is replayed); ``key`` names it (one capture per bucket, node count, ``key`` and shapes
+        of ``extra``). Each row's kept slots then move to the row's own end of the cache (the device-side ``Lc`` is
+        the captured write slot), as :meth:`commit` with ``late=True``. The model reads the ids clamped into
+        ``[0, V)`` (with a known ``vocab_size``: an id outside never reaches the embedding); ``decide`` sees them as
+        given, to flag them.
 
         The returned ``outputs`` are the captured step's own tensors: valid until the next call of this method
         (clone what must live longer). Past the largest bucket the same function runs eagerly.
