@@ -761,10 +761,10 @@ class StaticAdapter:
         start = Lc + P
         if runner is not None:
             tok_s, pos_s, mask_s, slot_s = runner.inputs[:4]
+            node_s = runner.inputs[4:4 + _node_inputs(present)] if device_mask else ()
             # The real nodes' columns of the captured inputs, as views made once per node count.
-            statics = (tok_s, pos_s) + (runner.inputs[4:4 + _node_inputs(present)] if device_mask else ())
             views = buf.consts.get(("inputs", mark, M)) or buf.consts.setdefault(
-                ("inputs", mark, M), tuple(t[:, :M] for t in statics))
+                ("inputs", mark, M), tuple(t[:, :M] for t in (tok_s, pos_s) + node_s))
         else:
             device = tokens.device
             tok_s = torch.zeros(B, size, dtype=tokens.dtype, device=device)
@@ -772,17 +772,15 @@ class StaticAdapter:
             mask_s = torch.full((B, 1, size, self.capacity), torch.finfo(buf.dtype).min,
                                 dtype=buf.dtype, device=device)
             slot_s = torch.zeros(size, dtype=torch.long, device=device)
-            extra_s = (torch.full((B, size), -1, dtype=torch.long, device=device),
-                       torch.zeros(B, size, dtype=torch.bool, device=device))[:_node_inputs(present)] \
+            node_s = (torch.full((B, size), -1, dtype=torch.long, device=device),
+                      torch.zeros(B, size, dtype=torch.bool, device=device))[:_node_inputs(present)] \
                 if device_mask else ()
-            views = tuple(t[:, :M] for t in (tok_s, pos_s) + extra_s)
+            views = tuple(t[:, :M] for t in (tok_s, pos_s) + node_s)
         for view, new in zip(views, (tokens, positions, parents, present)):
             view.copy_(new)
         if device_mask:
             self._write_slots(buf, slot_s, start, size)
-            inputs = (tok_s, pos_s, mask_s, slot_s) + (runner.inputs[4:4 + _node_inputs(present)]
-                                                       if runner is not None else extra_s)
-            return inputs, None
+            return (tok_s, pos_s, mask_s, slot_s) + node_s, None
         if size > M:  # padding nodes: absent (parent -1), each sees only itself
             pad = self._const(buf, ("pad", size - M), lambda: torch.full(
                 (B, size - M), -1, dtype=parents.dtype, device=parents.device))

@@ -8,6 +8,7 @@ i.e. when ``specdec.kernels`` is first imported; :data:`INTERPRETED` records it.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from collections.abc import Callable, Sequence
 
@@ -64,13 +65,10 @@ def pdl_enabled() -> bool:
     return bool(pdl_launch())
 
 
-_CUDA: list = []  # torch.cuda.is_available(), asked once (it is an NVML query or a device count per call)
-
-
+@functools.cache
 def _cuda_available() -> bool:
-    if not _CUDA:
-        _CUDA.append(torch.cuda.is_available())
-    return _CUDA[0]
+    """``torch.cuda.is_available()``, asked once (it is an NVML query or a device count per call)."""
+    return torch.cuda.is_available()
 
 
 def pdl_launch() -> dict:
