@@ -45,7 +45,7 @@ import specdec.kernels
 import specdec.kernels.verify
 import specdec.static
 import specdec.step
-from specdec.graphs import CapturedStep, GraphedDrafter, _map, _spec, capture_graph_ref
+from specdec.graphs import CapturedStep, GraphedDrafter, _hold, _map, _spec, capture_graph_ref
 
 REGIONS = ("target graph", "drafter graphs", "kernels", "outside")
 
@@ -104,7 +104,9 @@ def _flagged_capture(counter: OpCounter, region: str) -> Callable:
     """``capture_graph_ref`` whose captured function counts to ``region`` (the capture itself is ignored)."""
     def capture(fn, inputs):
         with counter.within("ignored"):
-            return capture_graph_ref(_in_region(counter, region, fn), inputs, warmup=0)
+            captured = capture_graph_ref(fn, inputs, warmup=0)
+        captured._run = _in_region(counter, region, captured._run)  # its output copies are a replay's work too
+        return captured
     return capture
 
 
@@ -214,6 +216,7 @@ def _saved_outputs_capture(fn: Callable, inputs: tuple, warmup: int = 0) -> Capt
     replay on the host is its input copies and output clones, as with a CUDA graph."""
     static = _map(torch.Tensor.clone, inputs)
     out = fn(*static)
+    _hold(out)  # a captured step's outputs, as capture_graph registers them (a drafter may read them in place)
     return CapturedStep(static, lambda: out)
 
 

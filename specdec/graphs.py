@@ -60,6 +60,18 @@ which shows where the draft step's inputs come from; a drafter whose update read
 tested against ``fold=False`` and the eager drafter (``tests/test_parallel_graphs.py``); on the H200 the fixture's
 parallel steps took 6-8% less time (``docs/fast_path_log.md``, session 30).
 
+**Inputs read where they lie** (``in_place=True``, the default). A step's input that lies in the outputs of another
+captured step alive (the fast path's verify step: the feedback rows an EAGLE or Medusa update absorbs are its own
+output tensors, the same memory at every replay) is read by the graph where it lies instead of being copied into a
+static input first: once a key's copying graph has run and shown that the step writes none of its inputs (their
+version counters), a variant is captured that reads those tensors in place and copies only the others; it replays
+whenever the same tensors come again. A replay reads them at the same point of the stream as the copy it replaces
+(after everything queued before, before anything queued after), so the results are the copying graph's; a variant
+keeps a reference to what it reads, so an address it matches is that tensor's. Tensors in the drafter's buffers
+are always copied. 5 copies fewer per EAGLE-1/2 update (7 for EAGLE-3's three feature layers), 2 per Medusa update.
+:func:`capture_graph_ref` returns the same output tensors at every call, as a replay does, so the CPU tests see the
+same addresses the GPU sees.
+
 References:
     NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graphs``; gpt-fast (compilation
     applied by the caller).
@@ -67,6 +79,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -347,6 +360,8 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
         with torch.cuda.graph(graph):
             outputs = fn(*static)
 
+    _hold(outputs)
+
     def replay():
         graph.replay()
         return outputs
@@ -354,10 +369,27 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
     return CapturedStep(static, replay)
 
 
+# The outputs of every captured step alive, by their storage's address: the same memory at every replay, which a
+# graphed drafter's step may read where it lies (GraphedDrafter's in_place). Weak: an entry goes with its tensor.
+_HELD: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _hold(outputs) -> None:
+    for t in _leaves(outputs):
+        _HELD[t.untyped_storage().data_ptr()] = t
+
+
+def _held(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in the outputs of a captured step alive (memory that stays put between its replays)."""
+    return t.untyped_storage().data_ptr() in _HELD
+
+
 def capture_graph_ref(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> CapturedStep:
     """Reference for :func:`capture_graph` (same signature and call semantics), on any device, without a graph.
 
-    Each call copies the inputs into the static copies and runs ``fn`` on them eagerly.
+    Each call copies the inputs into the static copies and runs ``fn`` on them eagerly; as a graph replay does, it
+    writes the outputs into the tensors its first call returned and returns those same tensors (a caller that
+    keeps an output across calls sees it overwritten, as on CUDA).
 
     Args:
         fn: a function of tensors.
@@ -370,7 +402,20 @@ def capture_graph_ref(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2)
     static = _map(torch.Tensor.clone, inputs)
     for _ in range(warmup):
         fn(*static)
-    return CapturedStep(static, lambda: fn(*static))
+    held = []  # the first run's outputs: the tensors every later run writes and returns, as a graph's replays do
+
+    def run():
+        outputs = fn(*static)
+        if not held:
+            held.append(outputs)
+            _hold(outputs)
+            return outputs
+        for mine, new in zip(_leaves(held[0]), _leaves(outputs)):
+            if mine is not new:
+                mine.copy_(new)
+        return held[0]
+
+    return CapturedStep(static, run)
 
 
 @runtime_checkable
@@ -414,17 +459,22 @@ class GraphedDrafter:
         counts: running totals for diagnosis: ``captures`` (graphs captured), ``replays``, ``eager`` (steps run
             eagerly: no key, e.g. a prompt-wide update), ``buffer_changes`` (new buffers: every held graph was
             dropped), ``prefetched`` (drafts ``propose`` returned from the update's graph or from a fold; see the
-            module) and ``folded`` (updates run inside a caller's captured step, :meth:`fold_for`). A benchmark
-            reads them around a timed run to see whether it captured anything.
+            module), ``folded`` (updates run inside a caller's captured step, :meth:`fold_for`) and ``in_place``
+            (replays that read some inputs where they lie). A benchmark reads them around a timed run to see
+            whether it captured anything.
         prefetch: compute the next draft inside ``update`` for drafters that allow it (module docstring; default
             off).
         fold: let a caller run the update and the next draft inside its own captured step (:meth:`fold_for`;
             the fast path's greedy verify step does; default on). With ``prefetch`` on, the update's own graph
             drafts ahead instead and nothing is folded.
+        in_place: read a step's inputs where they lie when they are the same tensors call after call (the fast
+            path's verify outputs that an update absorbs), instead of copying them into the graph's inputs
+            (module docstring; default on).
     """
 
     def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
-                 device_types: tuple[str, ...] = ("cuda",), prefetch: bool = False, fold: bool = True):
+                 device_types: tuple[str, ...] = ("cuda",), prefetch: bool = False, fold: bool = True,
+                 in_place: bool = True):
         if not isinstance(drafter, GraphableDrafter):
             raise TypeError(f"{type(drafter).__name__} cannot be graphed: it needs draft_step(), absorb_step() and "
                             f"start(..., static=, buffers=) (see specdec.graphs); use it unwrapped")
@@ -434,12 +484,16 @@ class GraphedDrafter:
         self._graphs: dict = {}
         self._buffers: Any = None
         self._buffer_ids: tuple = ()
-        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0, "prefetched": 0, "folded": 0}
+        self.counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0, "prefetched": 0, "folded": 0,
+                       "in_place": 0}
         self.prefetch = bool(prefetch)
         self._request: Any = None  # the last propose's request: the template of the next one
         self._prefetched: tuple | None = None  # (state, roots, num_drafts, (draft, state)) from the last update
         self._unfused: set = set()  # update+draft keys found not fusable (see _update_and_draft)
         self.fold = bool(fold)
+        self.in_place = bool(in_place)
+        self._in_place: dict = {}  # graph key -> _InPlace (the variants reading stable inputs where they lie)
+        self._buffer_storages: frozenset = frozenset()
         self._fold_plans: dict = {}  # (absorb key, its inputs' spec, K) -> _FoldPlan
         self._fold_feedback: dict = {}  # K -> the last feedback seen at that K (shapes for the absorb step)
 
@@ -467,6 +521,12 @@ class GraphedDrafter:
         return [key for key, _ in self._graphs]
 
     @property
+    def in_place_keys(self) -> list:
+        """The ``Step.key`` of every graph held now that reads some inputs where they lie (one entry per such graph;
+        see ``in_place``): each is a capture beside the copying graph of its key."""
+        return [key for (key, _), tracker in self._in_place.items() for _ in tracker.variants]
+
+    @property
     def buffers(self) -> Any:
         """The buffers the held graphs read and write (``Step.buffers`` of the last step run), or ``None``."""
         return self._buffers
@@ -475,9 +535,10 @@ class GraphedDrafter:
         return device.type in self.device_types
 
     def copies_feedback(self, device: torch.device) -> bool:
-        """Whether :meth:`update` copies a step's feedback into its captured inputs on ``device`` (it keeps no
-        reference to it), so a caller may pass tensors that its next step overwrites (the fast path's captured
-        step does)."""
+        """Whether :meth:`update` is done with a step's feedback when it returns on ``device``: its graph copied
+        the tensors into its inputs, or read them where they lie in a replay queued before anything the caller
+        queues next, so a caller may pass tensors that its next step overwrites (the fast path's captured step
+        does)."""
         return self._captures_on(device)
 
     def _track(self, buffers: Any) -> None:
@@ -485,7 +546,8 @@ class GraphedDrafter:
         if ids != self._buffer_ids:  # new buffers: graphs captured on the old ones are stale
             self.counts["buffer_changes"] += bool(self._graphs)
             self._graphs, self._buffers, self._buffer_ids = {}, buffers, ids
-            self._unfused, self._fold_plans = set(), {}
+            self._unfused, self._fold_plans, self._in_place = set(), {}, {}
+            self._buffer_storages = frozenset(t.untyped_storage().data_ptr() for t in _leaves(buffers))
 
     def _run(self, step: Step) -> Any:
         self._track(step.buffers)
@@ -497,9 +559,29 @@ class GraphedDrafter:
         if captured is None:
             captured = self._graphs[key] = self.capture(step.fn, step.inputs)
             self.counts["captures"] += 1
-        else:
-            self.counts["replays"] += 1
-        return step.finish(captured.run_matching(step.inputs))  # the key holds the inputs' spec
+            outputs = captured.run_matching(step.inputs)  # the key holds the inputs' spec
+            self._in_place[key] = _InPlace(_reads_only(captured))  # consulted while in_place is on
+            return step.finish(outputs)
+        self.counts["replays"] += 1
+        tracker = self._in_place.get(key) if self.in_place else None
+        if tracker is not None:
+            outputs = tracker.run(step, self._buffer_storages, self._capture_in_place, self.counts)
+            if outputs is not None:
+                return step.finish(outputs)
+        return step.finish(captured.run_matching(step.inputs))
+
+    def _capture_in_place(self, step: Step, pinned: dict[int, torch.Tensor]) -> CapturedStep:
+        """Capture ``step`` reading the leaves of ``pinned`` (input position -> tensor) where they lie; its inputs
+        are the other leaves, in order."""
+        shape, fn, n = step.inputs, step.fn, len(_leaves(step.inputs))
+
+        def reading_in_place(*copied):
+            rest = iter(copied)
+            leaves = iter([pinned[i] if i in pinned else next(rest) for i in range(n)])
+            return fn(*_map(lambda _: next(leaves), shape))
+
+        self.counts["captures"] += 1
+        return self.capture(reading_in_place, tuple(t for i, t in enumerate(_leaves(shape)) if i not in pinned))
 
     @torch.no_grad()
     def start(self, feedback: Feedback) -> Any:
@@ -782,6 +864,75 @@ def _chain(first: Callable, second: Callable, second_inputs, sources: list[tuple
         return outputs, second(*args)
 
     return chained
+
+
+def _reads_only(captured: CapturedStep) -> bool:
+    """Whether a step, captured and run once, wrote its static inputs only by the one copy of the call's inputs into
+    them (each version counter at 1: the warm-up, capture and eager runs of a step that writes an input count too):
+    only then may a variant of it read a caller's tensors where they lie."""
+    try:
+        return all(t._version == 1 for t in _leaves(getattr(captured, "inputs", None)))
+    except RuntimeError:  # inference tensors keep no version counter: assume the worst
+        return False
+
+
+def _where(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.stride()
+
+
+class _InPlace:
+    """The variants of one captured step that read its stable inputs where they lie (:attr:`GraphedDrafter.in_place`).
+
+    An input leaf is *stable* when it lies in the outputs of another captured step alive (memory every replay of
+    that step writes: the fast path's verify outputs) and not in the drafter's buffers (which the step may write:
+    those are read as copies). A variant captured for a call's stable leaves (their addresses and strides) replays
+    with only the other leaves copied in. Reading a tensor where it lies inside a replay reads what a copy queued
+    just before the replay would have read: its value after everything queued earlier, before anything queued
+    later. A variant keeps a reference to the tensors it reads, so their memory cannot be handed to another tensor
+    while it lives: a match of addresses is a match of tensors. At most :attr:`MAX_VARIANTS` are held per step (the
+    oldest dropped); after :attr:`MAX_DROPPED` drops the step stops making variants (its inputs keep moving).
+    """
+
+    MAX_VARIANTS = 4
+    MAX_DROPPED = 8
+
+    def __init__(self, allowed: bool):
+        self.allowed = allowed
+        self.variants: dict = {}  # ((position, (address, strides)), ...) -> (captured step, pinned tensors)
+        self.hot: tuple | None = None  # the variant used last: (its key, captured step, the leaves it copies)
+        self.dropped = 0
+
+    def run(self, step: Step, buffer_storages: frozenset, capture: Callable, counts: dict) -> Any:
+        """The step's outputs from a variant (``None``: none applies; the caller replays the copying graph)."""
+        if not self.allowed:
+            return None
+        leaves = _leaves(step.inputs)
+        if self.hot is not None:  # the common case: the variant of the last call applies again
+            stable, captured, copied = self.hot
+            if all(_where(leaves[i]) == w for i, w in stable):
+                counts["in_place"] += 1
+                return captured.run_matching([leaves[i] for i in copied])
+        stable = tuple((i, _where(t)) for i, t in enumerate(leaves)
+                       if _held(t) and t.untyped_storage().data_ptr() not in buffer_storages)
+        if not stable:
+            return None
+        entry = self.variants.get(stable)
+        if entry is None:
+            if self.dropped >= self.MAX_DROPPED:
+                return None
+            if len(self.variants) >= self.MAX_VARIANTS:
+                oldest = next(iter(self.variants))
+                if self.hot is not None and self.hot[0] == oldest:
+                    self.hot = None
+                del self.variants[oldest]
+                self.dropped += 1
+            pinned = {i: leaves[i] for i, _ in stable}
+            entry = self.variants[stable] = (capture(step, pinned), pinned)
+        captured, pinned = entry
+        copied = [i for i in range(len(leaves)) if i not in pinned]
+        self.hot = (stable, captured, copied)
+        counts["in_place"] += 1
+        return captured.run_matching([leaves[i] for i in copied])
 
 
 def cuda_graphed(drafter: GraphableDrafter) -> GraphedDrafter:

@@ -81,8 +81,8 @@ class LateTokens(Sequence):
             self._host = tokens.to("cpu", non_blocking=True)  # pinned by torch for a non-blocking copy
             self._event = torch.cuda.Event()
             self._event.record()
-        else:
-            self._host = tokens
+        else:  # a copy, as on CUDA: the tensor may be a captured step's output, which its next replay overwrites
+            self._host = tokens.to("cpu", copy=True)
 
     @classmethod
     def of_rows(cls, packed: torch.Tensor, read: Callable[[list[list[int]]], list[list[int]]],

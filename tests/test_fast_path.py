@@ -660,14 +660,19 @@ class _CountOutsideCaptures(TorchDispatchMode):
         super().__init__()
         self.ops, self.inside = collections.Counter(), 0
 
-    def capture(self, fn, inputs):
+    def _flagged(self, fn):
         def flagged(*args):
             self.inside += 1
             try:
                 return fn(*args)
             finally:
                 self.inside -= 1
-        return capture_graph_ref(flagged, inputs, warmup=0)
+        return flagged
+
+    def capture(self, fn, inputs):
+        captured = capture_graph_ref(fn, inputs, warmup=0)
+        captured._run = self._flagged(captured._run)  # the reference's output copies are a replay's work too
+        return captured
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.inside:

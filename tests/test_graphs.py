@@ -14,6 +14,7 @@ from specdec.drafters import Drafter, EagleDrafter, Feedback, PromptLookupDrafte
 from specdec.graphs import (
     GraphedDrafter,
     Step,
+    _InPlace,
     capture_graph,
     capture_graph_ref,
     cuda_graphed,
@@ -48,6 +49,27 @@ def test_captured_step_copies_inputs_in_and_returns_fresh_outputs():
     assert x.tolist() == [0.0, 1.0, 2.0]  # the caller's tensors are not the static buffers
     with pytest.raises(ValueError, match="capture another step"):
         step(torch.zeros(4), pair)
+
+
+def test_the_reference_capture_writes_its_outputs_where_its_first_call_put_them():
+    """As a graph's replays do: every call returns the same tensors, overwritten (a caller that keeps an output across
+    calls sees it change, on CPU as on CUDA)."""
+    step = capture_graph_ref(lambda x: (x * 2, x), (torch.zeros(2),), warmup=0)
+    step.inputs[0].copy_(torch.tensor([1.0, 2.0]))
+    first = step._run()
+    step.inputs[0].copy_(torch.tensor([3.0, 4.0]))
+    second = step._run()
+    assert second[0] is first[0] and first[0].tolist() == [6.0, 8.0]
+    assert second[1] is step.inputs[0]  # an input passed through stays the input
+
+
+def test_late_tokens_on_cpu_copy_the_tensor_as_the_device_copy_does():
+    from specdec.step import LateTokens
+
+    tokens = torch.tensor([5, 6])
+    late = LateTokens(tokens)
+    tokens.fill_(0)  # a captured step's next replay overwrites its output
+    assert late.wait() == [[5], [6]]
 
 
 def test_capture_graph_refuses_cpu_inputs():
@@ -153,6 +175,64 @@ def test_wrapper_recaptures_on_new_buffers_and_reuses_buffers_across_runs():
     assert eager.offsets is not graphed.buffers[0]  # unwrapped, the drafter allocates afresh
 
 
+def _held_output(value: list[float]):
+    """A captured step's output (memory every replay writes) holding ``value``, and a function to set it."""
+    producer = capture_graph_ref(lambda x: x + 0, (torch.zeros(len(value)),), warmup=0)
+
+    def write(new):
+        producer.inputs[0].copy_(torch.tensor(new, dtype=torch.float32))
+        return producer._run()
+
+    return write(value), write, producer
+
+
+def _toy_step(graphed, x, fn=lambda x: x * 10):
+    buffers = graphed.buffers if graphed.buffers is not None else (torch.zeros(1),)
+    return graphed._run(Step(fn=fn, inputs=(x,), finish=lambda out: out.clone(), key=("toy",), buffers=buffers))
+
+
+def test_a_step_reads_another_captured_steps_output_where_it_lies_and_sees_its_latest_value():
+    graphed = _on_cpu(ToyDrafter())
+    out, write, _ = _held_output([1.0, 2.0])
+    assert _toy_step(graphed, out).tolist() == [10.0, 20.0]  # the first call captures the copying graph
+    assert graphed.counts["in_place"] == 0
+    assert _toy_step(graphed, out).tolist() == [10.0, 20.0]  # then one graph that reads it where it lies
+    assert graphed.in_place_keys == [("toy",)] and graphed.counts["in_place"] == 1
+    write([3.0, 4.0])  # the producer's next replay
+    assert _toy_step(graphed, out).tolist() == [30.0, 40.0] and graphed.counts["in_place"] == 2
+    assert _toy_step(graphed, torch.tensor([5.0, 6.0])).tolist() == [50.0, 60.0]  # not held: copied in
+    assert graphed.counts["in_place"] == 2 and graphed.graph_keys == [("toy",)]
+    plain = GraphedDrafter(ToyDrafter(), capture=capture_graph_ref, device_types=("cpu",), in_place=False)
+    for _ in range(3):
+        assert _toy_step(plain, out).tolist() == [30.0, 40.0]
+    assert plain.counts["in_place"] == 0 and plain.in_place_keys == []
+
+
+def test_a_step_that_writes_its_inputs_or_reads_its_buffers_never_reads_in_place():
+    graphed = _on_cpu(ToyDrafter())
+    out, _, _ = _held_output([1.0, 2.0])
+    for _ in range(3):  # the step adds to its input: it must get a copy, never the producer's memory
+        assert _toy_step(graphed, out, fn=lambda x: x.add_(1)).tolist() == [2.0, 3.0]
+    assert out.tolist() == [1.0, 2.0] and graphed.counts["in_place"] == 0
+    buffered = _on_cpu(ToyDrafter())
+    buffers = _held_output([7.0])[0]  # a held tensor that is the drafter's buffer: the step may write it
+    for _ in range(3):
+        buffered._run(Step(fn=lambda x: x * 2, inputs=(buffers,), finish=lambda o: o.clone(), key=("toy",),
+                           buffers=(buffers,)))
+    assert buffered.counts["in_place"] == 0 and buffered.counts["replays"] == 2
+
+
+def test_in_place_variants_follow_moving_producers_up_to_a_bound():
+    graphed = _on_cpu(ToyDrafter())
+    keep = []
+    for i in range(_InPlace.MAX_VARIANTS + _InPlace.MAX_DROPPED + 3):  # a new producer (new memory) every time
+        out, _, producer = _held_output([float(i)])
+        keep.append(producer)
+        assert _toy_step(graphed, out).tolist() == [10.0 * i]
+    assert len(graphed.in_place_keys) == _InPlace.MAX_VARIANTS  # the oldest dropped, then no more variants
+    assert graphed.counts["captures"] == 1 + _InPlace.MAX_VARIANTS + _InPlace.MAX_DROPPED
+
+
 def test_cuda_graphed_on_cpu_is_the_eager_drafter_and_refuses_drafters_without_steps():
     graphed = cuda_graphed(ToyDrafter())
     state = graphed.start(_feedback(2, 5))
@@ -209,6 +289,33 @@ def test_eagle_steps_replayed_from_captures_equal_the_eager_drafter(target, head
         if seed == 0:
             cache = graphed.buffers
     assert graphed.buffers is cache
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "static"])
+def test_on_the_fast_path_eagle_updates_read_the_verify_outputs_where_they_lie(target, head, policy):
+    """The update absorbs the verify step's outputs (the captured step's own tensors) without copying them in: the
+    same tokens, acceptance and draft forwards as copying them and as the eager drafter."""
+    def make(in_place=True):
+        tree = DynamicTree(12, 3, 3) if policy == "dynamic" else StaticTree([(0,), (1,), (0, 0)])
+        return GraphedDrafter(EagleDrafter(head, tree), capture=capture_graph_ref, device_types=("cpu",),
+                              in_place=in_place)
+
+    reading, copying, eager = make(), make(in_place=False), make().drafter
+    for seed in range(2):
+        ids, mask = _prompts(2, seed)
+        captures = reading.counts["captures"]
+        runs = [sd.generate(target, ids, attention_mask=mask, drafter=d, max_new_tokens=12, eos_token_id=[],
+                            fast=True) for d in (reading, copying, eager)]
+        for other in runs[1:]:
+            assert torch.equal(runs[0].sequences, other.sequences)
+            assert runs[0].stats.num_accepted_per_step == other.stats.num_accepted_per_step
+            assert runs[0].stats.num_draft_forwards == other.stats.num_draft_forwards
+        # on CPU each generate() builds its adapter afresh (new verify outputs: one more graph reading them; on CUDA
+        # the model's held adapter keeps its outputs), and nothing else is captured again
+        assert reading.in_place_keys == [("update",)] * (seed + 1) and copying.in_place_keys == []
+        assert reading.counts["in_place"] > 0 and copying.counts["in_place"] == 0
+        if seed == 1:
+            assert reading.counts["captures"] == captures + 1
 
 
 def test_sampled_tree_at_temperature_drafts_eagerly(target, head):

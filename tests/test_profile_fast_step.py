@@ -25,7 +25,7 @@ def test_the_profile_counts_each_region_per_step_and_restores_the_kernels():
     assert (specdec.static.tree_mask, specdec.kernels.KVCompactPlan.__call__, specdec.kernels.verify_greedy) == kernels
     # A plain step: one target forward, no drafter, no kernel launch (its mask row only gains a column).
     assert plain["target graph"] > 50 and plain["drafter graphs"] == 0 and plain["kernels"] == 0
-    assert 0 < plain["outside"] <= 6
+    assert 0 < plain["outside"] <= 7  # 7: the tokens' copy for the host counts as on CUDA (LateTokens)
     # A tree step: no launch outside the graphs; the tree mask (from the device-side write slot), the verifier, the
     # emitted tokens, the feedback rows and the compaction run inside the target's captured step
     # (StaticAdapter.forward_commit), so its region holds more ops than a plain forward's; the drafter is captured.
