@@ -1,6 +1,7 @@
 """tree_attention: a few queries per row (tree nodes) over a static cache, split along the keys, against SDPA."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -188,6 +189,68 @@ def test_a_shared_mask_with_a_bound_per_row(device):
     ref = tree_attention_ref(q, k, v, mask, kv_end=kv_end)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
     assert not torch.allclose(ref[2], tree_attention_ref(q, k, v, mask)[2])  # the bound changed row 2's result
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bounds", ["none", "kv_end", "prefix", "visible"])
+def test_the_merge_inside_the_split_kernel_equals_the_merge_launch(device, bounds, monkeypatch):
+    """fused_merge: the last program of each block of queries merges the chunks (an atomic counter per block, left
+    at zero): the reference's result and the two-launch merge's, with chunks hidden whole by -inf, NaN keys past
+    the rows' ends, a shared or a visible prefix; no merge launch; repeated (on CUDA a race would show)."""
+    ta = importlib.import_module("specdec.kernels.tree_attention")  # the package's name is the function
+
+    q, k, v, mask = _case(2, 2, 1, 21, 160, 16, seed=21, device=device, hidden=float("-inf"))
+    mask[1, ..., :50] = float("-inf")  # row 1's first chunks hidden whole: m = -inf, no partial sums
+    kv_end = torch.tensor([150, 120], device=device)
+    if bounds != "none":  # keys past the ends: NaN, which a kernel that read them would return
+        k[0, :, 150:], v[1, :, 120:] = float("nan"), float("nan")
+    kw = {"none": {}, "kv_end": dict(kv_end=kv_end), "prefix": dict(kv_end=kv_end, prefix_end=kv_end - 25),
+          "visible": dict(kv_end=kv_end, visible_end=torch.tensor([0, 0], device=device))}[bounds]
+    want = tree_attention_ref(q, k.nan_to_num(), v.nan_to_num(), mask, **kw)
+    merges = []
+    launch = ta._tree_merge_kernel
+    monkeypatch.setattr(ta, "_tree_merge_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: merges.append(grid) or launch[grid]})())
+    for splits, block_m in [(2, 16), (3, 32), (5, 16)]:
+        two = _tree_attention_triton(q, k, v, mask, None, num_splits=splits, block_m=block_m, fused_merge=False,
+                                     **kw)
+        assert len(merges) == 1
+        for _ in range(20 if device == "cuda" else 1):
+            one = _tree_attention_triton(q, k, v, mask, None, num_splits=splits, block_m=block_m, fused_merge=True,
+                                         **kw)
+            torch.testing.assert_close(one, two, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(one, want, atol=2e-5, rtol=1e-4)
+        assert len(merges) == 1 and not ta._COUNTERS[(q.device.type, q.device.index)].any()
+        merges.clear()
+    ta.use_fused_tree_merge(True)  # the module's switch: the default of every later call
+    try:
+        torch.testing.assert_close(_tree_attention_triton(q, k, v, mask, None, num_splits=3, **kw), want,
+                                   atol=2e-5, rtol=1e-4)
+        assert not merges
+    finally:
+        ta.use_fused_tree_merge(False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs a CUDA GPU")
+def test_the_fused_merge_replays_in_a_cuda_graph_and_is_not_allocated_during_a_capture():
+    from specdec.graphs import capture_graph
+
+    ta = importlib.import_module("specdec.kernels.tree_attention")
+
+    q, k, v, mask = _case(1, 32, 32, 61, 600, 128, seed=3, device="cuda", dtype=torch.bfloat16)
+    want = tree_attention_ref(q.float(), k.float(), v.float(), mask.float())
+    step = capture_graph(lambda *t: _tree_attention_triton(*t, None, num_splits=2, block_m=32, fused_merge=True),
+                         (q, k, v, mask))
+    for _ in range(10):
+        torch.testing.assert_close(step(q, k, v, mask).float(), want, atol=2e-2, rtol=2e-2)
+    assert not ta._COUNTERS[("cuda", q.device.index)].any()
+    ta._COUNTERS.clear()  # no counters held: a capture does not allocate them, it merges in a second launch
+    step = capture_graph(lambda *t: _tree_attention_triton(*t, None, num_splits=2, block_m=32, fused_merge=True),
+                         (q, k, v, mask), warmup=0)
+    assert ("cuda", q.device.index) not in ta._COUNTERS
+    torch.testing.assert_close(step(q, k, v, mask).float(), want, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("bad", [torch.tensor([3.0]), torch.tensor([[3]]), torch.tensor([3, 4, 5])])

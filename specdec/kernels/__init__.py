@@ -113,6 +113,7 @@ from .tree_attention import (
                         tree_attention_ref,
                         tree_attention_shares_prefix,
                         tree_attention_split,
+                        use_fused_tree_merge,
 )
 from .tree_mask import (
                         HeadUpdate,
@@ -163,6 +164,7 @@ __all__ = [
     "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
     "TREE_ATTENTION_MAX_M", "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", "tree_attention", "tree_attention_launch",
     "tree_attention_plan", "tree_attention_ref", "tree_attention_shares_prefix", "tree_attention_split",
+    "use_fused_tree_merge",
     "TOPK_CHUNK", "TOPK_MAX_N", "TOPK_MAX_K", "topk_rows", "topk_rows_ref", "log_softmax_topk", "log_softmax_topk_ref",
     "TreeCandidates", "TreeFrontier", "new_candidates", "dynamic_tree_level", "dynamic_tree_level_ref",
     "rerank_candidates", "rerank_candidates_ref",

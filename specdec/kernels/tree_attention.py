@@ -29,6 +29,8 @@ References:
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -36,7 +38,7 @@ from ._dispatch import get_kernel_mode, triton_available, use_kernel
 from ._triton import INTERPRETED, jit, next_pow2, pdl_launch, pdl_start, tl
 
 __all__ = ["TREE_ATTENTION_MAX_M", "tree_attention", "tree_attention_launch", "tree_attention_plan",
-           "tree_attention_ref", "tree_attention_split"]
+           "tree_attention_ref", "tree_attention_split", "use_fused_tree_merge"]
 
 #: The most queries per row the kernels take (a verify bucket); longer forwards (a prefill) run the reference.
 TREE_ATTENTION_MAX_M = 128
@@ -112,6 +114,39 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     return sdpa_reference(q, k, v, _hide_past_end(mask, kv_end, q.shape[0], kv_start), scale)
 
 
+# The merge of the chunks inside the split kernel (FUSED: one launch instead of two); off unless asked for
+# (use_fused_tree_merge / SPECDEC_TREE_FUSED_MERGE=1) until timed on the GPU. The counters: per device, int32 zeros
+# that every fused launch leaves at zero.
+_FUSED_MERGE = [os.environ.get("SPECDEC_TREE_FUSED_MERGE", "0") not in ("", "0")]
+_COUNTERS: dict = {}
+_RETIRED: list = []
+
+
+def use_fused_tree_merge(on: bool) -> None:
+    """Merge the key chunks' partial sums inside the split kernel (its last program per block of queries, counted
+    with an atomic) instead of in a second launch: one launch per split call instead of two. Off by default (also
+    ``SPECDEC_TREE_FUSED_MERGE=1``); a captured step keeps the choice of its capture. Launches that run at the same
+    time on several streams of one device share the counters: do not turn it on for them.
+
+    Args:
+        on: merge inside the split kernel from now on.
+    """
+    _FUSED_MERGE[0] = bool(on)
+
+
+def _merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """``n`` zeroed int32 counters on ``device`` (kept and grown), or ``None`` when they would have to be allocated
+    while a CUDA graph is being captured (the call then merges in a second launch)."""
+    key = (device.type, device.index)
+    held = _COUNTERS.get(key)
+    if held is None or held.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        held = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _RETIRED.append(held)  # never freed: a graph captured on a smaller one keeps its address
+    return held
+
+
 def tree_attention_split(programs: int, keys: int) -> int:
     """Keys per program (a multiple of 32): enough chunks for about 256 programs in all (``programs`` = rows x heads
     x query blocks), fewer when the keys run out. Each program walks its chunk in tiles of 32 to 128 keys; every
@@ -159,18 +194,21 @@ def _tree_tile(q, m_i, l_i, acc, start, bound, k_ptr, v_ptr, mask_ptr, b, kvh, r
 
 
 @jit
-def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, H,
-                       group, M, S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb,
-                       smm, sms, seb, spb, ssb, sob, soh, som, sod, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-                       BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr, HAS_START: tl.constexpr,
-                       PREFIX: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr = False):
+def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
+                       cnt_ptr, H, group, M, S, D, NS, scale, sqb, sqh, sqm, sqd, skb, skh, sks, skd, svb, svh, svs,
+                       svd, smb, smm, sms, seb, spb, ssb, sob, soh, som, sod, BLOCK_M: tl.constexpr,
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, HAS_END: tl.constexpr,
+                       HAS_START: tl.constexpr, PREFIX: tl.constexpr, DIRECT: tl.constexpr,
+                       FUSED: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program per (row * head, chunk of keys, block of queries): the row's keys from ``start`` to ``end``
     (``end`` read from ``end_ptr`` on the device, else ``S``; ``start`` from ``start_ptr`` with ``HAS_START``, else
     0) cut into ``NS`` chunks, this program's walked in tiles of ``BLOCK_S`` keys with an online softmax.
     ``PREFIX`` 1: the keys below ``pre_ptr[b]`` take query 0's mask row (:func:`tree_attention`'s ``prefix_end``),
     walked apart from the others; 2: they are seen by every query, no mask read (``visible_end``). ``DIRECT`` (one
     chunk): the normalised output, written to ``o``; else the chunk's max score, sum of exponentials and weighted
-    values per query, at ``[row * head, chunk, query]``, for the merge."""
+    values per query, at ``[row * head, chunk, query]``, for the merge. ``FUSED``: the merge too, by the program
+    that finishes its (row * head, block of queries) last (a counter per block at ``cnt_ptr``, counted up with an
+    acquire-release atomic after the partial sums are written, and set back to 0 by that program)."""
     pdl_start(PDL)
     bh = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -219,6 +257,39 @@ def _tree_split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, end_ptr, pre_ptr, start_pt
         tl.store(l_ptr + out, l_i, mask=r_in)
         seen = r_in & (m_i > float("-inf"))  # a chunk a query saw nothing of: the merge reads its m only
         tl.store(acc_ptr + out[:, None] * D + dims[None, :], acc, mask=seen[:, None] & d_in[None, :])
+        if FUSED:  # the last program of this block of queries merges every chunk's partial sums
+            counter = cnt_ptr + bh * tl.num_programs(2) + qb
+            if tl.atomic_add(counter, 1, sem="acq_rel") == NS - 1:
+                _merge_rows(m_ptr, l_ptr, acc_ptr, o_ptr, b, h, bh, rows, r_in, dims, d_in, M, D, NS, sob, soh,
+                            som, sod, BLOCK_M, BLOCK_D)
+                tl.atomic_xchg(counter, 0, sem="relaxed")  # ready for the next launch (a graph's next replay)
+
+
+@jit
+def _merge_rows(m_ptr, l_ptr, acc_ptr, o_ptr, b, h, bh, rows, r_in, dims, d_in, M, D, NS, sob, soh, som, sod,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The chunks' partial sums of the queries ``rows`` merged into their output (an online rescaling, chunk by
+    chunk): the merge kernel's work for one block of queries, inside the split kernel's last program."""
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
+    total = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for c in range(NS):
+        at = (bh * NS + c) * M + rows
+        m = tl.load(m_ptr + at, mask=r_in, other=float("-inf"), cache_modifier=".cg")
+        seen = r_in & (m > float("-inf"))  # chunks hidden from a query wrote no partial sums
+        new_top = tl.maximum(top, m)
+        safe = tl.where(new_top > float("-inf"), new_top, 0.0)
+        keep = tl.exp(top - safe)
+        w = tl.where(seen, tl.exp(m - safe), 0.0)
+        denom = denom * keep + w * tl.load(l_ptr + at, mask=seen, other=0.0, cache_modifier=".cg")
+        total = total * keep[:, None] + w[:, None] * tl.load(acc_ptr + at[:, None] * D + dims[None, :],
+                                                             mask=seen[:, None] & d_in[None, :], other=0.0,
+                                                             cache_modifier=".cg")
+        top = new_top
+    # a query that sees no key at all (a bucket's padding) gets zeros, not 0 / 0
+    o = total / tl.where(denom > 0, denom, 1.0)[:, None]
+    tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod, o.to(o_ptr.dtype.element_ty),
+             mask=r_in[:, None] & d_in[None, :])
 
 
 @jit
@@ -331,7 +402,7 @@ def _row_block(queries: int) -> int:
 
 def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, prefix_end=None, visible_end=None,
                            kv_start=None, block_m=None, num_splits=None, tile_s=None, num_warps=None,
-                           num_stages=None) -> torch.Tensor:
+                           num_stages=None, fused_merge=None) -> torch.Tensor:
     B, H, Hkv, M, S, d = check_inputs("tree_attention", q, k, v, mask)
     scale = d ** -0.5 if scale is None else float(scale)
     _check_bounds(B, q.device, kv_end, prefix_end, visible_end, kv_start)
@@ -349,6 +420,9 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
     if B == 0 or H == 0 or M == 0:
         return o
     direct = num_splits == 1
+    fused = not direct and (_FUSED_MERGE[0] if fused_merge is None else fused_merge)
+    counters = _merge_counters(dev, B * H * query_blocks) if fused else None
+    fused = counters is not None
     if direct:  # the output is written by the one launch: no partial sums (the kernel never reads these pointers)
         m = l_sum = acc = o
     else:
@@ -359,16 +433,16 @@ def _tree_attention_triton(q, k, v, mask, scale, block_s=None, *, kv_end=None, p
     block_d = max(16, next_pow2(d))
     _tree_split_kernel[(B * H, num_splits, query_blocks)](
         q, k, v, mask, q if kv_end is None else kv_end, q if bound is None else bound,
-        q if kv_start is None else kv_start, m, l_sum, acc, o, H,
+        q if kv_start is None else kv_start, m, l_sum, acc, o, counters if fused else q, H,
         H // Hkv, M, S, d, num_splits, scale, q.stride(0), q.stride(1), q.stride(2), q.stride(3), *k.stride(),
         *v.stride(), smb, mask.stride(2), mask.stride(3), _row_stride(kv_end), _row_stride(bound),
         _row_stride(kv_start), *o.stride(),
         BLOCK_M=block_m, BLOCK_S=tile_s, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32 or INTERPRETED,  # the interpreter's dot reads bf16 as raw bits: float32
-        HAS_END=kv_end is not None, HAS_START=kv_start is not None, PREFIX=prefix, DIRECT=direct, num_warps=num_warps,
-        num_stages=num_stages, **pdl_launch(),
+        HAS_END=kv_end is not None, HAS_START=kv_start is not None, PREFIX=prefix, DIRECT=direct, FUSED=fused,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
     )
-    if not direct:
+    if not direct and not fused:
         _tree_merge_kernel[(B * H, M)](m, l_sum, acc, o, H, M, d, num_splits, *o.stride(),
                                        BLOCK_NS=next_pow2(num_splits), BLOCK_D=block_d, **pdl_launch())
     return o
@@ -452,7 +526,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         O_{bh} = \\mathrm{softmax}\\bigl(\\mathrm{scale}\\; Q_{bh} K_{b,g(h)}^\\top + A_b\\bigr) V_{b,g(h)}
         \\in \\mathbb{R}^{M \\times d}, \\qquad g(h) = \\lfloor h H_{kv} / H \\rfloor
 
-    Dispatch: the split-key Triton kernels (two launches) when the tensors are on CUDA, triton imports and
+    Dispatch: the split-key Triton kernels (two launches where the keys are split; one with
+    :func:`use_fused_tree_merge`) when the tensors are on CUDA, triton imports and
     ``M <=`` :data:`TREE_ATTENTION_MAX_M` (inside ``torch.compile`` too, as the custom op
     ``torch.ops.specdec.tree_attention``); :func:`tree_attention_ref` otherwise, and whenever a gradient is
     needed (the kernels have no backward: training runs SDPA).

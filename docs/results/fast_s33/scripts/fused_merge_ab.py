@@ -1,0 +1,82 @@
+"""Session 33: tree attention's merge inside the split kernel (``fused_merge``, one launch) against the merge launch
+(two launches), on the H200.
+
+For each shape (the 7B verify at batch 1: 32 heads of 128, 61 queries over 573 live keys of a 1,216-slot cache;
+an EAGLE head's 10-node level over the same keys; the fixture's verify: 5 heads of 64, 61 queries over ~320 keys),
+a CUDA graph of 32 dependent calls (each call's queries are the previous call's output, as layers chain) is
+captured both ways and replayed interleaved: us per call (medians over ``--reps`` replays of each), the largest
+difference between the two outputs, and the counters left at zero.
+
+    python docs/results/fast_s33/scripts/fused_merge_ab.py --out $OUT/fused_merge.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
+sys.path.insert(0, ROOT)
+from specdec.graphs import capture_graph  # noqa: E402
+from specdec.kernels import pdl_enabled, tree_attention_launch  # noqa: E402
+
+ta = importlib.import_module("specdec.kernels.tree_attention")
+
+SHAPES = {"7B verify, batch 1": (1, 32, 61, 1216, 573, 128), "7B head level, batch 1": (1, 32, 10, 1216, 580, 128),
+          "7B head level, batch 4": (4, 32, 10, 1216, 580, 128), "fixture verify": (1, 5, 61, 512, 320, 64)}
+
+
+def chain(q, k, v, mask, kv_end, fused: bool, layers: int = 32):
+    def run(q, k, v, mask, kv_end):
+        x = q
+        for _ in range(layers):
+            x = ta._tree_attention_triton(x, k, v, mask, None, kv_end=kv_end, fused_merge=fused)
+        return x
+    return capture_graph(run, (q, k, v, mask, kv_end))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    res = {"pdl": pdl_enabled()}
+    for name, (B, H, M, S, live, d) in SHAPES.items():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        kw = dict(device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(B, H, M, d, generator=g, **kw)
+        k, v = (torch.randn(B, H, S, d, generator=g, **kw) for _ in range(2))
+        mask = torch.zeros(B, 1, M, S, **kw)
+        mask[..., live - M:live] = torch.where(torch.rand(M, M, device="cuda", generator=g) < 0.5, 0.0,
+                                               torch.finfo(torch.bfloat16).min).tril().to(torch.bfloat16)
+        kv_end = torch.full((B,), live, device="cuda")
+        plan = tree_attention_launch(B * H, M, live, d)
+        steps = {f: chain(q, k, v, mask, kv_end, f) for f in (False, True)}
+        outs = {f: steps[f](q, k, v, mask, kv_end) for f in (False, True)}
+        times = {False: [], True: []}
+        for _ in range(args.reps):
+            for f in (False, True):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                steps[f](q, k, v, mask, kv_end)
+                end.record()
+                end.synchronize()
+                times[f].append(1e3 * start.elapsed_time(end) / 32)
+        res[name] = {"plan (BLOCK_M, splits, BLOCK_S, warps, stages)": plan,
+                     "two launches us/call": round(statistics.median(times[False]), 2),
+                     "fused us/call": round(statistics.median(times[True]), 2),
+                     "max |difference|": float((outs[True].float() - outs[False].float()).abs().max()),
+                     "counters at zero": not ta._COUNTERS[("cuda", torch.cuda.current_device())].any().item()}
+        print(f"{name:24s}", json.dumps(res[name]), flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
