@@ -469,7 +469,7 @@ class GraphedDrafter:
             drafts ahead instead and nothing is folded.
         in_place: read a step's inputs where they lie when they are the same tensors call after call (the fast
             path's verify outputs that an update absorbs), instead of copying them into the graph's inputs
-            (module docstring; default on).
+            (module docstring; default on; never with a compiling ``capture``, which would compile each variant).
     """
 
     def __init__(self, drafter: GraphableDrafter, *, capture: Callable[..., CapturedStep] = capture_graph,
@@ -563,7 +563,9 @@ class GraphedDrafter:
             self._in_place[key] = _InPlace(_reads_only(captured))  # consulted while in_place is on
             return step.finish(outputs)
         self.counts["replays"] += 1
-        tracker = self._in_place.get(key) if self.in_place else None
+        # not under compiling captures: each variant would be compiled anew (tens of seconds) for a few copies
+        tracker = self._in_place.get(key) if self.in_place and getattr(self.capture, "compile_fn", None) is None \
+            else None
         if tracker is not None:
             outputs = tracker.run(step, self._buffer_storages, self._capture_in_place, self.counts)
             if outputs is not None:

@@ -711,6 +711,7 @@ def test_compiled_drafter_steps_give_the_same_tokens(name):
             for d in (drafter, traced)]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     assert runs[0].stats.num_target_forwards == runs[1].stats.num_target_forwards
+    assert traced.in_place_keys == [] and traced.counts["in_place"] == 0  # no variant compiled for a few copies
 
 
 def test_kernels_dispatch_to_their_references_inside_torch_compile(monkeypatch):
