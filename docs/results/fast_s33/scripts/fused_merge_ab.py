@@ -17,12 +17,13 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
 sys.path.insert(0, ROOT)
-from specdec.graphs import capture_graph  # noqa: E402
+from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
 from specdec.kernels import pdl_enabled, tree_attention_launch  # noqa: E402
 
 ta = importlib.import_module("specdec.kernels.tree_attention")
@@ -37,41 +38,52 @@ def chain(q, k, v, mask, kv_end, fused: bool, layers: int = 32):
         for _ in range(layers):
             x = ta._tree_attention_triton(x, k, v, mask, None, kv_end=kv_end, fused_merge=fused)
         return x
-    return capture_graph(run, (q, k, v, mask, kv_end))
+    return (capture_graph if q.is_cuda else capture_graph_ref)(run, (q, k, v, mask, kv_end))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="CPU (TRITON_INTERPRET=1), one tiny shape, 2 layers")
     args = ap.parse_args()
-    res = {"pdl": pdl_enabled()}
-    for name, (B, H, M, S, live, d) in SHAPES.items():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        kw = dict(device="cuda", dtype=torch.bfloat16)
+    dev, layers = ("cpu", 2) if args.smoke else ("cuda", 32)
+    shapes = {"tiny": (1, 2, 10, 128, 100, 16)} if args.smoke else SHAPES
+    res = {"pdl": pdl_enabled(), "layers": layers}
+    for name, (B, H, M, S, live, d) in shapes.items():
+        g = torch.Generator(device=dev).manual_seed(0)
+        kw = dict(device=dev, dtype=torch.float32 if args.smoke else torch.bfloat16)
         q = torch.randn(B, H, M, d, generator=g, **kw)
         k, v = (torch.randn(B, H, S, d, generator=g, **kw) for _ in range(2))
         mask = torch.zeros(B, 1, M, S, **kw)
-        mask[..., live - M:live] = torch.where(torch.rand(M, M, device="cuda", generator=g) < 0.5, 0.0,
-                                               torch.finfo(torch.bfloat16).min).tril().to(torch.bfloat16)
-        kv_end = torch.full((B,), live, device="cuda")
+        mask[..., live - M:live] = torch.where(torch.rand(M, M, device=dev, generator=g) < 0.5, 0.0,
+                                               torch.finfo(torch.bfloat16).min).tril().to(kw["dtype"])
+        kv_end = torch.full((B,), live, device=dev)
         plan = tree_attention_launch(B * H, M, live, d)
-        steps = {f: chain(q, k, v, mask, kv_end, f) for f in (False, True)}
+        if plan[1] == 1 and not args.smoke:
+            print(f"{name}: one launch (no merge) in this plan; skipped", flush=True)
+            continue
+        steps = {f: chain(q, k, v, mask, kv_end, f, layers) for f in (False, True)}
         outs = {f: steps[f](q, k, v, mask, kv_end) for f in (False, True)}
         times = {False: [], True: []}
         for _ in range(args.reps):
             for f in (False, True):
+                if args.smoke:
+                    t = time.perf_counter()
+                    steps[f](q, k, v, mask, kv_end)
+                    times[f].append(1e6 * (time.perf_counter() - t) / layers)
+                    continue
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 steps[f](q, k, v, mask, kv_end)
                 end.record()
                 end.synchronize()
-                times[f].append(1e3 * start.elapsed_time(end) / 32)
+                times[f].append(1e3 * start.elapsed_time(end) / layers)
         res[name] = {"plan (BLOCK_M, splits, BLOCK_S, warps, stages)": plan,
                      "two launches us/call": round(statistics.median(times[False]), 2),
                      "fused us/call": round(statistics.median(times[True]), 2),
                      "max |difference|": float((outs[True].float() - outs[False].float()).abs().max()),
-                     "counters at zero": not ta._COUNTERS[("cuda", torch.cuda.current_device())].any().item()}
+                     "counters at zero": not ta._COUNTERS[(q.device.type, q.device.index)].any().item()}
         print(f"{name:24s}", json.dumps(res[name]), flush=True)
     if args.out:
         with open(args.out, "w") as fh:
