@@ -291,6 +291,9 @@ def test_generate_through_captures_is_greedy_identical_and_captures_once(target,
         assert counter.calls == len(graphed.graph_keys) + len(graphed.in_place_keys)
         assert graphed.counts["captures"] == counter.calls and graphed.counts["buffer_changes"] == 0
         assert graphed.counts["replays"] > 0
+        # the eager target's feedback is no captured step's output: copied in, never read in place (however often
+        # the allocator hands out the same addresses again)
+        assert graphed.counts["in_place"] == 0 and graphed.in_place_keys == []
         if not captures:
             buffers = graphed.buffers
         captures.append(counter.calls)
