@@ -379,9 +379,11 @@ def _hold(outputs) -> None:
         _HELD[t.untyped_storage().data_ptr()] = t
 
 
-def _held(t: torch.Tensor) -> bool:
-    """Whether ``t`` lies in the outputs of a captured step alive (memory that stays put between its replays)."""
-    return t.untyped_storage().data_ptr() in _HELD
+def _held(t: torch.Tensor, besides: frozenset = frozenset()) -> bool:
+    """Whether ``t`` lies in the outputs of a captured step alive (memory that stays put between its replays), in
+    none of the storages (addresses) ``besides``."""
+    at = t.untyped_storage().data_ptr()
+    return at in _HELD and at not in besides
 
 
 def capture_graph_ref(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> CapturedStep:
@@ -564,8 +566,7 @@ class GraphedDrafter:
             return step.finish(outputs)
         self.counts["replays"] += 1
         # not under compiling captures: each variant would be compiled anew (tens of seconds) for a few copies
-        tracker = self._in_place.get(key) if self.in_place and getattr(self.capture, "compile_fn", None) is None \
-            else None
+        tracker = self._in_place.get(key) if self.in_place and not self._compiles() else None
         if tracker is not None:
             outputs = tracker.run(step, self._buffer_storages, self._capture_in_place, self.counts)
             if outputs is not None:
@@ -702,8 +703,11 @@ class GraphedDrafter:
         """Whether updates may be folded into a caller's captured step: ``fold`` is on, the drafter allows it
         (``folds_drafts``) and the steps are not compiled (a fold runs inside the caller's capture, which does not
         compile the drafter)."""
-        return (self.fold and getattr(self.drafter, "folds_drafts", False)
-                and getattr(self.capture, "compile_fn", None) is None)
+        return self.fold and getattr(self.drafter, "folds_drafts", False) and not self._compiles()
+
+    def _compiles(self) -> bool:
+        """Whether ``capture`` compiles the steps it captures (:func:`specdec.static.compiled_capture`)."""
+        return getattr(self.capture, "compile_fn", None) is not None
 
     def _learn_fold(self, absorb: Step, feedback: Feedback) -> Any:
         """``update`` with ``fold`` on: the absorb step runs as usual; once per key it runs apart from its graph so
@@ -914,8 +918,7 @@ class _InPlace:
             if all(_where(leaves[i]) == w for i, w in stable):
                 counts["in_place"] += 1
                 return captured.run_matching([leaves[i] for i in copied])
-        stable = tuple((i, _where(t)) for i, t in enumerate(leaves)
-                       if _held(t) and t.untyped_storage().data_ptr() not in buffer_storages)
+        stable = tuple((i, _where(t)) for i, t in enumerate(leaves) if _held(t, buffer_storages))
         if not stable:
             return None
         entry = self.variants.get(stable)

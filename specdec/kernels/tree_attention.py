@@ -119,7 +119,7 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
 # that every fused launch leaves at zero.
 _FUSED_MERGE = [os.environ.get("SPECDEC_TREE_FUSED_MERGE", "0") not in ("", "0")]
 _COUNTERS: dict = {}
-_RETIRED: list = []
+_KEPT: list = []  # every counter tensor made: never freed (graphs keep their addresses)
 
 
 def use_fused_tree_merge(on: bool) -> None:
@@ -143,7 +143,7 @@ def _merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         held = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _RETIRED.append(held)  # never freed: a graph captured on a smaller one keeps its address
+        _KEPT.append(held)
     return held
 
 
