@@ -176,21 +176,30 @@ def generate(
     rows.absorb(out.emitted)
 
     # 3. Decode until every row is done: K from the schedule (bounded by budgets and positions), one step.
-    keep_shape = bool(fast) and params.is_greedy  # see the last-step note below
+    # Sampling: each row's verify depth is cut on the device from its own root position (`last_roots`: the last
+    # position a root may take with room for the step's next token), so what a row decides under the noise never
+    # depends on what the host knows yet of the other rows (the fast path reads a step's tokens one step late).
+    last_roots = None if params.is_greedy else torch.tensor(
+        prompts.lengths, device=prompts.input_ids.device) + (max_new_tokens - 2)
+    keep_shape = bool(fast) or not params.is_greedy  # see the last-step note below
     while rows.any_active:
         wanted = schedule(rows.num_active)
         depth = rows.num_drafts(wanted, adapter.max_positions)  # what the budgets let this step verify
         # Near the budgets the drafter still drafts the schedule's K (one shape for captured steps to the end), and
-        # the step verifies no deeper than `depth`. On the greedy fast path that holds for a last step with no room
-        # for a draft too (depth 0: only the root verified, the same token): ending on a plain step would capture
-        # the plain forward and the drafter's plain update the first time a run ends so (~0.5 s on the H200,
-        # session 19). (Sampling keeps the plain step: its token is drawn from the noise as the eager path draws it.)
+        # the step verifies no deeper than `depth`. On the fast path and when sampling that holds for a last step
+        # with no room for a draft too (depth 0: only the root verified): on the greedy fast path ending on a plain
+        # step would capture the plain forward and the drafter's plain update the first time a run ends so (~0.5 s
+        # on the H200, session 19); when sampling, a plain step would draw its token from other noise than the step
+        # with drafts that the other path (which learns the tokens later or sooner) may run there.
         k = rows.num_drafts(wanted, adapter.max_positions, budget=False) if depth or (keep_shape and wanted) else 0
+        cut = depth
+        if last_roots is not None and k and not rows.room_for(k):
+            cut = (last_roots - out.state.cache.lengths).clamp_(min=0)  # per row, [B]
         active = rows.active_mask(prompts.input_ids.device)  # rebuilt only when a row has finished
         if stats.clock is not None:
             stats.clock.start()
         out = step(adapter, out.state, drafter=drafter, num_drafts=k, sampling=params, source=source,
-                   active=active, verifier=verifier, clock=stats.clock, sync=False, max_depth=depth)
+                   active=active, verifier=verifier, clock=stats.clock, sync=False, max_depth=cut)
         # A step with drafts synchronised once (out.emitted is on the host); a plain one left its tokens on their
         # way, and rows read them after the next step is queued (so the host's work overlaps the device's).
         stats.record(out.emitted, rows.active, out.draft, out.result, active)

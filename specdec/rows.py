@@ -193,6 +193,20 @@ class Rows:
             k = min(k, max_positions - 1 - max(self.prompt_lengths[b] + n + most - 1 for b, n in zip(live, kept)))
         return max(k, 0)
 
+    def room_for(self, k: int) -> bool:
+        """Whether every active row has room for a step verifying ``k`` drafts whatever its late tokens hold: at
+        least ``k + 1`` tokens of budget left after the most the late tokens may have spent.
+
+        Args:
+            k: the step's depth.
+
+        Returns:
+            ``True`` when no active row's budget can cut the step's draft.
+        """
+        most = self._spent_max
+        return all(len(self.tokens[b]) + most + k + 1 <= self.max_new_tokens
+                   for b, on in enumerate(self.active) if on)
+
     def finish(self) -> None:
         """Read the late tokens (if any) and tell the streamer the call is over."""
         self.settle()

@@ -167,7 +167,7 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
          sampling: SamplingParams = GREEDY, source: RandomSource | None = None,
          active: torch.Tensor | None = None, verifier: Verifier | None = None,
          clock: Callable[[str], None] | None = None, sync: bool = True,
-         max_depth: int | None = None) -> StepOutput:
+         max_depth: int | torch.Tensor | None = None) -> StepOutput:
     """One decoding step: draft, run the target, verify, keep the accepted path, tell the drafter.
 
     Math (per row; accepted / bonus / recovered as in vLLM's rejection sampler): the row emits its accepted
@@ -195,9 +195,10 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             path's :class:`~specdec.static.StaticAdapter`): each row's accepted path moves to the row's own end of
             the cache and the drafter is told ``K + 1`` columns, the unaccepted ones marked invalid. A drafter's
             out-of-vocabulary id is then reported when the tokens are read, one step later.
-        max_depth: verify no deeper than this (``None``: ``num_drafts``): the draft of ``num_drafts`` levels is cut
-            with :func:`specdec.gating.truncate_draft` (lossless: it only removes nodes), so a drafter keeps one
-            shape when a budget leaves room for fewer tokens.
+        max_depth: verify no deeper than this (``None``: ``num_drafts``), or per row (Shape ``[B]`` int64 on the
+            device, no host sync): the draft of ``num_drafts`` levels is cut with
+            :func:`specdec.gating.truncate_draft` (lossless: it only removes nodes), so a drafter keeps one shape
+            when a budget leaves room for fewer tokens.
 
     Returns:
         :class:`StepOutput`.
@@ -219,7 +220,9 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
             roots=state.roots, root_positions=state.cache.lengths, num_drafts=num_drafts, sampling=sampling,
             source=source, active=_all_rows(state.roots) if active is None else active,
             vocab_size=adapter.vocab_size))
-        if max_depth is not None and max_depth < num_drafts:
+        if isinstance(max_depth, torch.Tensor):
+            draft = truncate_draft(draft, max_depth)
+        elif max_depth is not None and max_depth < num_drafts:
             draft = truncate_draft(draft, torch.full_like(state.roots, max_depth))
         _tick(clock, "draft")
     if draft is None or draft.num_nodes == 0:

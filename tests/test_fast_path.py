@@ -387,6 +387,29 @@ def test_sampling_makes_the_same_decisions_under_the_same_noise(name, device):
     assert runs[0].stats.tau == runs[1].stats.tau
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["plain", "draft_model_chain", "draft_model_tree", "eagle2", "lookup_fixed_width"])
+def test_sampling_decides_alike_when_rows_stop_early_and_budgets_cut_the_last_steps(name, device):
+    """The fast path reads a step's tokens one step late, so it may still count as active a row that an EOS has
+    stopped, and it bounds budgets from below: each row's verify depth is cut on the device from the row's own
+    length when sampling, so no row's draws or decisions depend on that, and both paths take the same tokens."""
+    model = tiny_model("llama", scale=1.5).to(device)
+    ids, mask = _prompts(3, device)
+    drafter = {"draft_model_chain": lambda: DraftModelDrafter(noisy_copy(model, 0.2), num_drafts=4),
+               "lookup_fixed_width": lambda: PromptLookupDrafter(max_ngram_size=3, num_drafts=4, fixed_width=True),
+               }.get(name, lambda: _drafter(name, model))()
+    eos = list(range(1, VOCAB, 9))  # one id in nine stops a row
+    stopped = 0
+    for seed in range(6):
+        runs = [generate(model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=11, temperature=1.0,
+                         eos_token_id=eos, generator=torch.Generator(device=device).manual_seed(seed), fast=fast)
+                for fast in (False, True)]
+        assert torch.equal(runs[0].sequences, runs[1].sequences), seed
+        assert torch.equal(runs[0].num_new_tokens, runs[1].num_new_tokens)
+        stopped += int(((runs[0].num_new_tokens < 11) & (runs[0].num_new_tokens > 0)).sum())
+    assert stopped >= 2  # rows did stop at an EOS while others went on
+
+
 def test_predrawn_noise_replays_the_same_tokens_through_the_fast_path():
     model = tiny_model("llama", scale=2.0)
     ids, mask = _prompts(3)

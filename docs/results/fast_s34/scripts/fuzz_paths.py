@@ -1,0 +1,135 @@
+"""Session 34: a differential fuzz of generate() on CPU, float32. Each trial draws an architecture, a drafter (SpS
+chain / tree, prompt lookup, EAGLE-1/2/3, Medusa, P-EAGLE, DFlash, DSpark; graphed by the reference capture or
+not, reading in place or not), a ragged batch of 1-4 prompts (left or right padded), a budget, EOS ids and a
+Dynamic SD schedule; greedy runs (eager and fast path) must equal plain greedy decoding, and sampled runs must give
+the same tokens on the eager and the fast path under the same seed.
+
+    python docs/results/fast_s34/scripts/fuzz_paths.py FIRST_SEED COUNT
+"""
+import os
+import random
+import sys
+import time
+import traceback
+import warnings
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+warnings.filterwarnings("ignore")
+import torch  # noqa: E402
+from tiny_models import VOCAB, noisy_copy, tiny_model  # noqa: E402
+
+import specdec as sd  # noqa: E402
+from specdec import recipes  # noqa: E402
+from specdec.graphs import GraphedDrafter, capture_graph_ref  # noqa: E402
+from specdec.heads import DFlashHead, Eagle1Head, Eagle3Head, MedusaHead, PEagleHead  # noqa: E402
+
+METHODS = ["sps", "sps_tree", "lookup", "lookup_fixed", "eagle1", "eagle2", "eagle3", "medusa_chain", "medusa_tree",
+           "peagle", "peagle_tree", "dflash", "dflash_tree", "dspark"]
+ARCHS = ["llama", "qwen2", "gpt_neox", "gemma", "qwen3", "phi3", "mistral"]
+
+
+def make(method, target, rng):
+    torch.manual_seed(rng.randrange(1000))
+    if method == "sps":
+        return recipes.sps(noisy_copy(target, rng.choice([0.0, 0.05, 0.3]), seed=rng.randrange(99)), rng.randint(1, 6))
+    if method == "sps_tree":
+        return recipes.sps(noisy_copy(target, 0.05), tree=[(0,), (1,), (0, 0), (0, 1), (1, 0)])
+    if method == "lookup":
+        return recipes.prompt_lookup(rng.randint(1, 8))
+    if method == "lookup_fixed":
+        return recipes.prompt_lookup(rng.randint(1, 8), fixed_width=True)
+    if method == "eagle1":
+        return recipes.eagle1(Eagle1Head.from_target(target), [(0,), (1,), (0, 0), (0, 0, 0)], cuda_graphs=False)
+    if method == "eagle2":
+        return recipes.eagle2(Eagle1Head.from_target(target), total_tokens=rng.randint(3, 14), depth=rng.randint(1, 4),
+                              top_k=rng.randint(1, 4), cuda_graphs=False)
+    if method == "eagle3":
+        head = Eagle3Head.from_target(target, feature_layers=(0, 1, 1))
+        return recipes.eagle3(head, total_tokens=rng.randint(3, 14), depth=rng.randint(1, 5), top_k=rng.randint(1, 4),
+                              cuda_graphs=False)
+    if method == "medusa_chain":
+        return recipes.medusa(MedusaHead.from_target(target, num_heads=3), tree="chain", cuda_graphs=False)
+    if method == "medusa_tree":
+        return recipes.medusa(MedusaHead.from_target(target, num_heads=3), tree=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)],
+                              cuda_graphs=False)
+    if method == "peagle":
+        return recipes.peagle(PEagleHead.from_target(target, num_layers=1, max_drafts=4), num_drafts=rng.randint(1, 4),
+                              cuda_graphs=False)
+    if method == "peagle_tree":
+        return recipes.peagle(PEagleHead.from_target(target, num_layers=1, max_drafts=3),
+                              tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)], cuda_graphs=False)
+    if method == "dflash":
+        return recipes.dflash(DFlashHead.from_target(target, block_size=rng.randint(2, 6)), cuda_graphs=False)
+    if method == "dflash_tree":
+        return recipes.dflash(DFlashHead.from_target(target, block_size=4), tree=[(0,), (1,), (0, 0), (0, 0, 0)],
+                              cuda_graphs=False)
+    if method == "dspark":
+        from specdec.heads import DSparkHead
+        return recipes.dspark(DSparkHead.from_target(target, block_size=rng.randint(2, 6)), cuda_graphs=False)
+    raise ValueError(method)
+
+
+def prompts(rng, B):
+    T = rng.randint(2, 14)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    side = rng.choice(["left", "right"])
+    for b in range(B):
+        n = rng.randint(1, T)
+        motif = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 4))]
+        row = (motif * T)[:n]
+        if side == "left":
+            ids[b, T - n:], mask[b, T - n:] = torch.tensor(row), 1
+        else:
+            ids[b, :n], mask[b, :n] = torch.tensor(row), 1
+    return ids, mask
+
+
+def trial(seed):
+    rng = random.Random(seed)
+    arch = rng.choice(ARCHS)
+    target = tiny_model(arch, seed=rng.randrange(5), scale=rng.choice([1.0, 4.0]) if arch not in ("gemma",) else 1.0)
+    method = rng.choice(METHODS)
+    B = rng.choice([1, 1, 2, 3, 4])
+    ids, mask = prompts(rng, B)
+    max_new = rng.randint(1, 20)
+    eos = rng.choice([[], [], None, [rng.randrange(VOCAB)], [rng.randrange(VOCAB), rng.randrange(VOCAB)]])
+    kw = dict(attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
+    ref = sd.generate(target, ids, **kw)
+    sched = rng.choice([None, None, [[1, 1, 3], [2, 8, 1]], [[1, 2, 0], [3, 8, 2]]])
+    drafter = make(method, target, rng)
+    graph = rng.random() < 0.6 and hasattr(drafter, "draft_step")
+    if graph:
+        drafter = GraphedDrafter(drafter, capture=capture_graph_ref, device_types=("cpu",),
+                                 in_place=rng.random() < 0.7)
+    desc = (f"sched={sched} seed={seed} arch={arch} method={method} B={B} T={ids.shape[1]} max_new={max_new} "
+            f"eos={eos} graphed={graph}")
+    extra = {} if sched is None else dict(schedule=[[a, b, min(k, drafter.max_num_drafts)] for a, b, k in sched])
+    for fast in (False, True):
+        out = sd.generate(target, ids, drafter=drafter, **kw, fast=fast, **extra)
+        if not torch.equal(out.sequences, ref.sequences):
+            return f"MISMATCH greedy fast={fast} {desc}\n ref={ref.sequences.tolist()}\n got={out.sequences.tolist()}"
+    # sampled: fast and eager under the same seed
+    if rng.random() < 0.5 and method != "lookup":  # the fast path's lookup is fixed-width: other shapes
+        temp = rng.choice([0.5, 1.0, 2.0])
+        outs = [sd.generate(target, ids, drafter=drafter, **kw, **extra, fast=fast, temperature=temp,
+                            generator=torch.Generator().manual_seed(seed)) for fast in (False, True)]
+        if not torch.equal(outs[0].sequences, outs[1].sequences):
+            return (f"MISMATCH sampled T={temp} {desc}\n eager={outs[0].sequences.tolist()}\n "
+                    f"fast={outs[1].sequences.tolist()}")
+    return None
+
+
+start, n = int(sys.argv[1]), int(sys.argv[2])
+bad = 0
+t0 = time.time()
+for s in range(start, start + n):
+    try:
+        msg = trial(s)
+    except Exception as e:
+        msg = f"ERROR seed={s}: {type(e).__name__}: {e}\n" + traceback.format_exc()[-1500:]
+    if msg:
+        bad += 1
+        print(msg, flush=True)
+print(f"done {n} trials from {start}, {bad} bad, {time.time()-t0:.0f}s", flush=True)
