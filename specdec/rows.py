@@ -156,11 +156,13 @@ class Rows:
                 new = new[: j + 1]
                 self._going[row] = False
                 break
+        before = len(tokens)
         tokens.extend(new)
         if self.stop_strings:
             cut = stop_index(self.decode, tokens, self.stop_strings)
             if cut is not None:
                 del tokens[cut:]
+                new = new[: max(cut - before, 0)]  # the streamer gets what the row keeps, nothing past the stop
                 self._going[row] = False
         if len(tokens) >= self.max_new_tokens:
             self._going[row] = False

@@ -16,6 +16,36 @@ def test_a_row_keeps_tokens_up_to_eos_budget_or_stop_string():
     assert n.tolist() == [5, 2, 2] and sequences.shape == (3, 7)
 
 
+def test_the_streamer_gets_exactly_the_tokens_a_row_keeps():
+    """A step may emit tokens past a stop string, an EOS or the budget: the streamer gets none of them (found by
+    session 34's fuzz: tokens after a stop string were streamed though the output dropped them)."""
+    decode = lambda tokens: "".join(f"<{t}>" for t in tokens)  # noqa: E731
+
+    class Recorder:
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens += value.reshape(-1).tolist()
+
+        def end(self):
+            pass
+
+    for stop, eos, budget, steps in ((["<4><5>"], [], 9, [[1, 4], [5, 6, 7]]), (["<3>"], [], 9, [[1, 2, 3, 4]]),
+                                     ([], [5], 9, [[4, 5, 6]]), ([], [], 3, [[1, 2], [3, 4, 5]])):
+        rec = Recorder()
+        rows = Rows([2], budget, eos=eos, stop_strings=stop, decode=decode, streamer=rec)
+        for new in steps:
+            rows.absorb([new])
+        assert rec.tokens == rows.tokens[0] and not rows.active[0], (stop, eos, budget)
+
+
+def test_room_for_k_counts_the_most_the_late_tokens_may_have_spent():
+    rows = Rows([4, 4], 10)
+    rows.absorb([[1] * 5, [1] * 2])
+    assert rows.room_for(4) and not rows.room_for(5)  # row 0: 5 kept + 4 drafts + 1 token = 10
+
+
 def test_stop_index_finds_the_token_that_completes_the_string():
     text = lambda tokens: "".join(map(str, tokens))  # noqa: E731
     assert stop_index(text, [1, 2, 3, 4], ["23"]) == 3
