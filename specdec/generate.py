@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .drafters.base import Drafter
-from .inputs import check_vocabularies, prepare_prompts, resolve_pad_token_id
+from .inputs import check_prompt_ids, check_vocabularies, prepare_prompts, resolve_pad_token_id
 from .rows import Rows
 from .sampling import RandomSource, as_source
 from .schedule import Schedule, make_schedule
@@ -137,6 +137,8 @@ def generate(
     pad_token_id = resolve_pad_token_id(target, pad_token_id)
     prompts = prepare_prompts(input_ids, attention_mask, pad_token_id=pad_token_id)
     _check_device(target, prompts.input_ids)
+    embedding = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
+    check_prompt_ids(prompts.input_ids, getattr(embedding, "num_embeddings", None))
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"{type(drafter).__name__} is not a drafter: it needs max_num_drafts, feature_layers, "
                         f"start(), propose() and update() (see specdec.drafters.Drafter).")

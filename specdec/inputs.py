@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Prompts", "prepare_prompts", "check_vocabularies", "resolve_pad_token_id"]
+__all__ = ["Prompts", "prepare_prompts", "check_prompt_ids", "check_vocabularies", "resolve_pad_token_id"]
 
 
 class Prompts(NamedTuple):
@@ -85,7 +85,8 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
 
     Raises:
         TypeError: input of the wrong type (names what is expected).
-        ValueError: wrong shapes, a mask that is not 0/1, a row without a real token, or pad ids without a mask.
+        ValueError: wrong shapes, no rows, a mask that is not 0/1, a row without a real token, or pad ids without a
+            mask.
     """
     # Host syncs below (reading the pad ids, the mask's values and lengths): once per call, before any model work.
     ids, mask = _unpack(input_ids, attention_mask)
@@ -94,6 +95,8 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
                          f"input_ids[None].")
     if ids.shape[1] == 0:
         raise ValueError("input_ids is empty: give at least one prompt token.")
+    if ids.shape[0] == 0:
+        raise ValueError(f"input_ids has no rows (shape {tuple(ids.shape)}): give at least one prompt.")
     B, T = ids.shape
     if mask is None:
         if pad_token_id is not None and bool((ids == pad_token_id).any()):
@@ -123,6 +126,27 @@ def prepare_prompts(input_ids, attention_mask: torch.Tensor | None = None, *,
         valid = valid.gather(1, order)
         ids = ids.gather(1, order).masked_fill(~valid, 0 if pad_token_id is None else pad_token_id)
     return Prompts(input_ids=ids, attention_mask=valid, lengths=lengths)
+
+
+def check_prompt_ids(ids: torch.Tensor, num_embeddings: int | None) -> None:
+    """Refuse prompt ids outside the target's embedding, pads included (the model embeds every position, as HF's
+    ``generate`` does): the embedding would fail with an opaque index error on CPU, a device-side assert on CUDA.
+    One host sync.
+
+    Args:
+        ids: Shape ``[B, T]``, the prompts (on the target's device).
+        num_embeddings: the target's embedding rows (``None``: nothing checked).
+
+    Raises:
+        ValueError: an id below 0 or at least ``num_embeddings``, named with the fix.
+    """
+    if num_embeddings is None or ids.numel() == 0:
+        return
+    low, high = torch.stack([ids.min(), ids.max()]).tolist()
+    if low < 0 or high >= num_embeddings:
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids holds the token id {bad}, outside the target's embedding [0, {num_embeddings}):"
+                         f" tokenize with the target's tokenizer, and pad with an id of its vocabulary (its pad id).")
 
 
 def resolve_pad_token_id(model, pad_token_id: int | None) -> int | None:

@@ -136,6 +136,24 @@ def test_inputs_of_the_wrong_type_or_shape_are_refused_naming_what_is_expected(b
         generate(tiny_model("llama"), bad, max_new_tokens=2)
 
 
+@pytest.mark.parametrize("bad", [97, 500, -1])
+def test_token_ids_outside_the_embedding_are_refused_naming_the_id(bad):
+    """Before session 34 an id past the embedding failed inside it ("index out of range in self" on CPU, a
+    device-side assert on CUDA)."""
+    model = tiny_model("llama")  # 97 embedding rows
+    with pytest.raises(ValueError, match=rf"token id {bad}, outside the target's embedding \[0, 97\)"):
+        generate(model, torch.tensor([[3, bad, 5]]), max_new_tokens=2)
+
+
+def test_pads_outside_the_embedding_and_an_empty_batch_are_refused():
+    model = tiny_model("llama")
+    ids, mask = torch.tensor([[-100, 4, 5], [3, 4, 5]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    with pytest.raises(ValueError, match="token id -100.*pad with an id of its vocabulary"):
+        generate(model, ids, attention_mask=mask, max_new_tokens=2)  # HF's generate fails inside the embedding
+    with pytest.raises(ValueError, match="no rows"):
+        generate(model, torch.zeros(0, 3, dtype=torch.long), max_new_tokens=2)
+
+
 def test_a_batch_with_pad_ids_and_no_mask_is_refused():
     model = tiny_model("llama")
     ids, _ = _batch(ROWS, "left", pad=0)
