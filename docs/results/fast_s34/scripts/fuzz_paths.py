@@ -5,6 +5,8 @@ Dynamic SD schedule; greedy runs (eager and fast path) must equal plain greedy d
 the same tokens on the eager and the fast path under the same seed.
 
     python docs/results/fast_s34/scripts/fuzz_paths.py FIRST_SEED COUNT
+    FUZZ_KERNELS=1 python ...   # on CPU: the drafted runs on the Triton kernels under the interpreter
+    FUZZ_DEVICE=cuda python ... # on a GPU: the fast path's CUDA graphs and kernels
 """
 import os
 import random
@@ -13,6 +15,10 @@ import time
 import traceback
 import warnings
 
+DEVICE = os.environ.get("FUZZ_DEVICE", "cpu")  # "cuda": the fast path's real graphs and kernels
+KERNELS = os.environ.get("FUZZ_KERNELS") == "1"  # the drafted runs on the Triton kernels (interpreted on CPU)
+if KERNELS:
+    os.environ["TRITON_INTERPRET"] = "1"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 warnings.filterwarnings("ignore")
@@ -23,6 +29,7 @@ import specdec as sd  # noqa: E402
 from specdec import recipes  # noqa: E402
 from specdec.graphs import GraphedDrafter, capture_graph_ref  # noqa: E402
 from specdec.heads import DFlashHead, Eagle1Head, Eagle3Head, MedusaHead, PEagleHead  # noqa: E402
+from specdec.kernels import kernel_mode  # noqa: E402
 from specdec.sampling import PerRowSource  # noqa: E402
 
 METHODS = ["sps", "sps_tree", "lookup", "lookup_fixed", "eagle1", "eagle2", "eagle3", "medusa_chain", "medusa_tree",
@@ -114,9 +121,10 @@ def trial(seed):
     rng = random.Random(seed)
     arch = rng.choice(ARCHS)
     target = tiny_model(arch, seed=rng.randrange(5), scale=rng.choice([1.0, 4.0]) if arch not in ("gemma",) else 1.0)
+    target = target.to(DEVICE)
     method = rng.choice(METHODS)
     B = rng.choice([1, 1, 2, 3, 4])
-    ids, mask = prompts(rng, B)
+    ids, mask = (t.to(DEVICE) for t in prompts(rng, B))
     max_new = rng.randint(1, 20)
     eos = rng.choice([[], [], None, [rng.randrange(VOCAB)], [rng.randrange(VOCAB), rng.randrange(VOCAB)]])
     kw = dict(attention_mask=mask, max_new_tokens=max_new, eos_token_id=eos)
@@ -129,7 +137,9 @@ def trial(seed):
         ref = sd.generate(target, ids, **kw)
     sched = rng.choice([None, None, [[1, 1, 3], [2, 8, 1]], [[1, 2, 0], [3, 8, 2]]])
     drafter = make(method, target, rng)
-    graph = rng.random() < 0.6 and hasattr(drafter, "draft_step")
+    if hasattr(drafter, "head"):
+        drafter.head.to(DEVICE)
+    graph = DEVICE == "cpu" and rng.random() < 0.6 and hasattr(drafter, "draft_step")  # CUDA: the real capture
     if graph:
         drafter = GraphedDrafter(drafter, capture=capture_graph_ref, device_types=("cpu",),
                                  in_place=rng.random() < 0.7)
@@ -155,7 +165,7 @@ def trial(seed):
         per_row = rng.random() < 0.5
 
         def source():
-            gens = [torch.Generator().manual_seed(seed + b) for b in range(B)]
+            gens = [torch.Generator(device=DEVICE).manual_seed(seed + b) for b in range(B)]
             return dict(source=PerRowSource(gens)) if per_row else dict(generator=gens[0])
         outs = [sd.generate(target, ids, drafter=drafter, **kw, **extra, fast=fast, temperature=temp, **source())
                 for fast in (False, True)]
@@ -166,10 +176,23 @@ def trial(seed):
     return None
 
 
+if KERNELS:  # references for the plain runs, kernels for the drafted ones
+    _generate = sd.generate
+
+    def generate_on_kernels(*args, **kwargs):
+        with kernel_mode("triton" if kwargs.get("drafter") is not None else "torch"):
+            return _generate(*args, **kwargs)
+    sd.generate = generate_on_kernels
+
 start, n = int(sys.argv[1]), int(sys.argv[2])
 bad = 0
 t0 = time.time()
+limit = float(os.environ.get("FUZZ_SECONDS", "inf"))  # stop starting trials after this long
+done = 0
 for s in range(start, start + n):
+    if time.time() - t0 > limit:
+        break
+    done += 1
     try:
         msg = trial(s)
     except Exception as e:
@@ -177,4 +200,4 @@ for s in range(start, start + n):
     if msg:
         bad += not msg.startswith("KNOWN")
         print(msg, flush=True)
-print(f"done {n} trials from {start}, {bad} bad, {time.time()-t0:.0f}s", flush=True)
+print(f"done {done} trials from {start}, {bad} bad, {time.time()-t0:.0f}s", flush=True)
