@@ -32,6 +32,19 @@ SHAPES = {"7B verify, batch 1": (1, 32, 61, 1216, 573, 128), "7B head level, bat
           "7B head level, batch 4": (4, 32, 10, 1216, 580, 128), "fixture verify": (1, 5, 61, 512, 320, 64)}
 
 
+def make_inputs(B: int, H: int, M: int, S: int, live: int, d: int, dev, dtype):
+    """Random ``q [B, H, M, d]``, ``k, v [B, H, S, d]``, a ``[B, 1, M, S]`` mask whose last ``M`` live columns hold
+    a random lower-triangular tree (everything before them visible) and ``kv_end = live`` per row."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    kw = dict(device=dev, dtype=dtype)
+    q = torch.randn(B, H, M, d, generator=g, **kw)
+    k, v = (torch.randn(B, H, S, d, generator=g, **kw) for _ in range(2))
+    mask = torch.zeros(B, 1, M, S, **kw)
+    mask[..., live - M:live] = torch.where(torch.rand(M, M, device=dev, generator=g) < 0.5, 0.0,
+                                           torch.finfo(torch.bfloat16).min).tril().to(dtype)
+    return q, k, v, mask, torch.full((B,), live, device=dev)
+
+
 def chain(q, k, v, mask, kv_end, fused: bool, layers: int = 32):
     def run(q, k, v, mask, kv_end):
         x = q
@@ -51,14 +64,7 @@ def main() -> None:
     shapes = {"tiny": (1, 2, 10, 128, 100, 16)} if args.smoke else SHAPES
     res = {"pdl": pdl_enabled(), "layers": layers}
     for name, (B, H, M, S, live, d) in shapes.items():
-        g = torch.Generator(device=dev).manual_seed(0)
-        kw = dict(device=dev, dtype=torch.float32 if args.smoke else torch.bfloat16)
-        q = torch.randn(B, H, M, d, generator=g, **kw)
-        k, v = (torch.randn(B, H, S, d, generator=g, **kw) for _ in range(2))
-        mask = torch.zeros(B, 1, M, S, **kw)
-        mask[..., live - M:live] = torch.where(torch.rand(M, M, device=dev, generator=g) < 0.5, 0.0,
-                                               torch.finfo(torch.bfloat16).min).tril().to(kw["dtype"])
-        kv_end = torch.full((B,), live, device=dev)
+        q, k, v, mask, kv_end = make_inputs(B, H, M, S, live, d, dev, torch.float32 if args.smoke else torch.bfloat16)
         plan = tree_attention_launch(B * H, M, live, d)
         if plan[1] == 1 and not args.smoke:
             print(f"{name}: one launch (no merge) in this plan; skipped", flush=True)

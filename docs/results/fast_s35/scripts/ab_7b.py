@@ -2,7 +2,7 @@
 
 On ``bench_fast_7b.py``'s Llama-2-7B shape (random weights, bf16, context 512) and its float8 FR-Spec EAGLE-2
 drafter (``DynamicTree(60, 6, 10)``), one process builds, per batch size, the fast plain step and the speculative
-step in four variants: tree attention's merge in its split kernel or in a second launch (``use_fused_tree_merge``,
+step in variants: tree attention's merge in its split kernel or in a second launch (``use_fused_tree_merge``,
 chosen at capture) x EAGLE's fold into the verify step on or off (``EagleDrafter(fold=)``); ``direct_*``: tree
 attention's key split for 17+ queries (the verify's) replaced by one launch of 16-query programs. Every variant has its
 own adapter and drafter (its own captures). Each round re-prefills every variant (context back to 512) and times
@@ -115,8 +115,8 @@ def main(argv=None):
                 row[q] = round(statistics.median(times[name][q]), 4)
                 ratios = [a / b for a, b in zip(times[name][q], times["plain"][q])]
                 row[q + "_vs_plain"] = round(statistics.median(ratios), 4)
-            row["counts"] = dict(made[name][1].counts) if made[name][1] is not None and hasattr(
-                made[name][1], "counts") else None
+            counts = getattr(made[name][1], "counts", None)  # the graphed drafter's (none for the plain step)
+            row["counts"] = None if counts is None else dict(counts)
             res[name] = row
         out["batches"][batch] = {"summary": res, "times": times}
         print(f"\n| batch {batch} | idle device ms | vs plain | 8 queued ms | vs plain |\n|---|---:|---:|---:|---:|")

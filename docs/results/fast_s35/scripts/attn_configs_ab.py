@@ -22,14 +22,16 @@ import time
 import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "docs", "results", "fast_s33", "scripts")]
+from fused_merge_ab import SHAPES as S33_SHAPES  # noqa: E402
+from fused_merge_ab import make_inputs  # noqa: E402  (session 33's shapes and inputs)
+
 from specdec.graphs import capture_graph, capture_graph_ref  # noqa: E402
 from specdec.kernels import pdl_enabled, tree_attention_launch  # noqa: E402
 
 ta = importlib.import_module("specdec.kernels.tree_attention")
 
-SHAPES = {"7B verify, batch 1": (1, 32, 61, 1216, 573, 128), "7B head level, batch 1": (1, 32, 10, 1216, 580, 128),
-          "fixture verify": (1, 5, 61, 512, 320, 64)}
+SHAPES = {name: S33_SHAPES[name] for name in ("7B verify, batch 1", "7B head level, batch 1", "fixture verify")}
 VARIANTS = {"default": {}, "fused merge": dict(fused_merge=True),
             "direct m16 s64": dict(block_m=16, num_splits=1, tile_s=64, num_warps=4, num_stages=3),
             "direct m16 s32": dict(block_m=16, num_splits=1, tile_s=32, num_warps=4, num_stages=3),
@@ -56,14 +58,7 @@ def main() -> None:
     shapes = {"tiny": (1, 2, 10, 128, 100, 16)} if args.smoke else SHAPES
     res = {"pdl": pdl_enabled(), "layers": layers}
     for name, (B, H, M, S, live, d) in shapes.items():
-        g = torch.Generator(device=dev).manual_seed(0)
-        kw = dict(device=dev, dtype=torch.float32 if args.smoke else torch.bfloat16)
-        q = torch.randn(B, H, M, d, generator=g, **kw)
-        k, v = (torch.randn(B, H, S, d, generator=g, **kw) for _ in range(2))
-        mask = torch.zeros(B, 1, M, S, **kw)
-        mask[..., live - M:live] = torch.where(torch.rand(M, M, device=dev, generator=g) < 0.5, 0.0,
-                                               torch.finfo(torch.bfloat16).min).tril().to(kw["dtype"])
-        kv_end = torch.full((B,), live, device=dev)
+        q, k, v, mask, kv_end = make_inputs(B, H, M, S, live, d, dev, torch.float32 if args.smoke else torch.bfloat16)
         visible_end = torch.full((B,), live - M, device=dev)
         plan = tree_attention_launch(B * H, M, live, d, visible_prefix=True)
         steps, outs, times = {}, {}, {}
