@@ -36,7 +36,15 @@ VARIANTS = {"default": {}, "fused merge": dict(fused_merge=True),
             "direct m16 s64": dict(block_m=16, num_splits=1, tile_s=64, num_warps=4, num_stages=3),
             "direct m16 s32": dict(block_m=16, num_splits=1, tile_s=32, num_warps=4, num_stages=3),
             "direct m32 s64": dict(block_m=32, num_splits=1, tile_s=64, num_warps=4, num_stages=3),
-            "4 splits fused": dict(num_splits=4, fused_merge=True)}
+            "4 splits fused": dict(num_splits=4, fused_merge=True),
+            # session 36: more key chunks, fewer keys per program (the batch-1 verify's 128 programs walk ~5 tiles)
+            "m32 4 splits": dict(block_m=32, num_splits=4, tile_s=64, num_warps=4, num_stages=3),
+            "m32 8 splits": dict(block_m=32, num_splits=8, tile_s=64, num_warps=4, num_stages=3),
+            "m32 8 splits fused": dict(block_m=32, num_splits=8, tile_s=64, num_warps=4, num_stages=3,
+                                       fused_merge=True),
+            "m64 4 splits": dict(block_m=64, num_splits=4, tile_s=32, num_warps=4, num_stages=3),
+            "m64 8 splits fused": dict(block_m=64, num_splits=8, tile_s=32, num_warps=4, num_stages=3,
+                                       fused_merge=True)}
 
 
 def chain(q, k, v, mask, kv_end, visible_end, kw: dict, layers: int):
