@@ -79,6 +79,9 @@ References:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import types
 import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -91,9 +94,9 @@ if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them
     from .drafters.base import Feedback, ProposeRequest
     from .types import Draft
 
-__all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "CapturedStep", "GraphableDrafter",
-           "GraphedDrafter", "Fold", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound", "settle_bound",
-           "CAPTURE_BLAS_CHOICES", "use_capture_blas", "capture_blas"]
+__all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "closure_tensors", "CapturedStep",
+           "GraphableDrafter", "GraphedDrafter", "Fold", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound",
+           "settle_bound", "CAPTURE_BLAS_CHOICES", "use_capture_blas", "capture_blas"]
 
 # The BLAS library a captured step's GEMMs are picked from (torch.backends.cuda.preferred_blas_library, set for the
 # warm-up and the capture only; a graph keeps the kernels it captured). Measured on the H200 (session 21, Llama-2-7B
@@ -361,12 +364,79 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
             outputs = fn(*static)
 
     _hold(outputs)
+    # The graph reads every tensor fn closes over at the address it had during the capture; torch keeps none of
+    # them alive, and fn itself goes when its caller drops it. Kept here: freed, their memory would go to other
+    # tensors and the replays would read whatever those hold (session 37: a mask constant made before a capture).
+    closed_over = closure_tensors(fn)
 
     def replay():
         graph.replay()
         return outputs
 
+    replay.closed_over = closed_over
     return CapturedStep(static, replay)
+
+
+def closure_tensors(fn: Callable[..., Any], max_depth: int = 8) -> tuple[torch.Tensor, ...]:
+    """The tensors a function reaches without being called: through closures, default arguments,
+    ``functools.partial``, bound methods, tuples (NamedTuples), lists, dicts and other objects' attributes (a
+    drafter's tree plans, the fused decoder's tables), to ``max_depth`` levels; not inside modules (a module's
+    parameters live as long as the module, and holding one could keep a model alive).
+
+    A CUDA graph captured from ``fn`` reads these where they lay at its capture; :func:`capture_graph` keeps them
+    alive as long as the graph, so that their memory is never handed to another tensor under a replay (the CPU
+    reference keeps ``fn`` itself). Only tensors are held, never the objects around them.
+
+    Args:
+        fn: any callable.
+        max_depth: how many containers deep to look.
+
+    Returns:
+        The tensors found, each once (by identity), in the order met.
+    """
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def walk(obj, depth: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            found.setdefault(id(obj), obj)
+            return
+        if depth > max_depth or id(obj) in seen or isinstance(obj, _NOT_WALKED):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            items = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+            items += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+            items += list(vars(obj).values())  # __wrapped__, a compiled function's original, ...
+        elif isinstance(obj, functools.partial):
+            items = [obj.func, *obj.args, *obj.keywords.values()]
+        elif isinstance(obj, types.MethodType):
+            items = [obj.__func__, obj.__self__]
+        elif isinstance(obj, (tuple, list, set, frozenset)):
+            items = list(obj)
+        elif isinstance(obj, dict):
+            items = list(obj.values())
+        elif dataclasses.is_dataclass(obj):
+            items = [getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
+        elif hasattr(obj, "__dict__"):
+            items = list(vars(obj).values())
+        else:
+            return
+        for item in items:
+            walk(item, depth + 1)
+
+    walk(fn, 0)
+    return tuple(found.values())
+
+
+_NOT_WALKED = (torch.nn.Module, type, str, bytes, int, float, bool, types.ModuleType, torch.dtype, torch.device)
+
+
+def _filled(cell) -> bool:
+    try:
+        return cell.cell_contents is not _filled  # always true: reading it raises for a cell not bound yet
+    except ValueError:
+        return False
 
 
 # The outputs of every captured step alive, by their storage's address: the same memory at every replay, which a

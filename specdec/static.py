@@ -1061,7 +1061,8 @@ class StaticAdapter:
         fused = self._store.fused
         prefix_end = not visible and fused is not None and fused.reads_prefix_end(valid.shape[0], size)
 
-        first = torch.arange(size, device=valid.device)[None, :] == 0 if root_present else None
+        # a constant of the buffers (kept as long as they are): the graph reads it where it lies
+        first = self._const(buf, ("first", size), lambda: torch.arange(size, device=valid.device)[None, :] == 0)
 
         def run(tokens, positions, mask, slots, parents, *extra):
             present, extra = ((parents >= 0) | first, extra) if root_present else (extra[0], extra[1:])

@@ -122,6 +122,36 @@ def test_capture_graph_equals_its_eager_reference():
         torch.testing.assert_close(a, fn(*new), rtol=1e-5, atol=1e-5)
 
 
+def test_a_graph_keeps_the_tensors_its_function_closes_over_alive():
+    """Session 37's fast-path defect: a step closing over a constant made before its capture (and referenced by
+    nothing else) must not read freed memory at its replays. The constant's block is the next one handed out for its
+    size on this stream, so without the hold the sentinels below land where the graph reads."""
+    import gc
+    import weakref
+
+    def make_step():
+        first = torch.arange(8, device="cuda")[None, :] == 0  # referenced by the closure alone
+
+        def fn(parents):
+            return (parents >= 0) | first
+        return fn, weakref.ref(first)
+
+    fn, alive = make_step()
+    parents = torch.full((2, 8), -1, device="cuda")
+    step = capture_graph(fn, (parents,))
+    del fn
+    gc.collect()
+    assert alive() is not None  # held by the captured step
+    sentinels = [torch.ones(1, 8, dtype=torch.bool, device="cuda") for _ in range(64)]  # noqa: F841 (reuse bait)
+    want = torch.zeros(2, 8, dtype=torch.bool, device="cuda")
+    want[:, 0] = True
+    for _ in range(3):
+        assert torch.equal(step(parents), want)
+    del step
+    gc.collect()
+    assert alive() is None  # and let go with it
+
+
 @pytest.mark.parametrize("blas", ["cublaslt", "cublas"])
 def test_capture_graph_captures_under_its_blas_library_and_restores_the_process_preference(blas):
     """The warm-up and the capture run with torch preferring capture_blas()'s library; the process's own

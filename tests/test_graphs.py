@@ -77,6 +77,47 @@ def test_capture_graph_refuses_cpu_inputs():
         capture_graph(lambda x: x + 1, (torch.zeros(2),))
 
 
+def test_closure_tensors_finds_what_a_captured_function_reads_besides_its_inputs():
+    """What capture_graph keeps alive with its graph (a replay reads these where they lay at the capture): tensors in
+    closures, nested closures, defaults, partials, bound methods, NamedTuples, lists, dicts, dataclasses and other
+    objects' attributes (a tree policy's cached plans); each once; never a module's parameters (the module keeps
+    those)."""
+    import dataclasses
+    import functools
+
+    from specdec.graphs import closure_tensors
+
+    @dataclasses.dataclass
+    class Holder:
+        t: torch.Tensor
+
+    a, b, c, d, e, f, g = (torch.full((1,), float(i)) for i in range(7))
+    module = torch.nn.Linear(2, 2)
+    state = ToyState(offsets=c, seen=0)
+
+    def inner(x, scale=d):
+        return x * a + state.offsets + scale + module(x).sum()
+
+    def outer(x):
+        return inner(x) + [b][0] + {"k": e}["k"] + Holder(f).t + a
+
+    class Obj:
+        def __init__(self):
+            self.plans = {("plan", 3): (b,)}
+
+        def method(self, x, extra=g):
+            return x + extra
+
+    ids = [id(t) for t in closure_tensors(functools.partial(outer))]
+    assert len(ids) == len(set(ids))  # each once (a is in both closures)
+    assert set(ids) == {id(t) for t in (a, b, c, d, e, f)}  # c through a NamedTuple, d a default of inner
+    assert not {id(p) for p in module.parameters()} & set(ids)
+    assert {id(t) for t in closure_tensors(Obj().method)} == {id(g), id(b)}  # its default, its object's plan
+    bag = closure_tensors(functools.partial(lambda x, h, items: x, h=Holder(f), items={"k": [e, b]}))
+    assert {id(t) for t in bag} == {id(f), id(e), id(b)}
+    assert closure_tensors(lambda x: x + 1) == ()
+
+
 # --------------------------------------------------------------------------------------------------------
 # The wrapper's bookkeeping, on a toy drafter whose buffer stands in for a KV cache
 # --------------------------------------------------------------------------------------------------------
