@@ -398,6 +398,12 @@ def closure_tensors(fn: Callable[..., Any], max_depth: int = 8) -> tuple[torch.T
     seen: set[int] = set()
 
     def walk(obj, depth: int) -> None:
+        try:
+            visit(obj, depth)
+        except ReferenceError:  # a dead weakref.proxy: nothing behind it to keep
+            pass
+
+    def visit(obj, depth: int) -> None:
         if isinstance(obj, torch.Tensor):
             found.setdefault(id(obj), obj)
             return

@@ -116,6 +116,9 @@ def test_closure_tensors_finds_what_a_captured_function_reads_besides_its_inputs
     bag = closure_tensors(functools.partial(lambda x, h, items: x, h=Holder(f), items={"k": [e, b]}))
     assert {id(t) for t in bag} == {id(f), id(e), id(b)}
     assert closure_tensors(lambda x: x + 1) == ()
+    import weakref
+    gone = weakref.proxy(Obj())  # dead at once: skipped, not raised on
+    assert [id(t) for t in closure_tensors(lambda x: (gone, a))] == [id(a)]
 
 
 # --------------------------------------------------------------------------------------------------------
