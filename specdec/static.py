@@ -1376,9 +1376,11 @@ def fast_drafter(drafter, mode: str = "graphs"):
     ``mode="compile"``, a drafter wrapped with the default capture is wrapped again, compiled, keeping its
     ``prefetch``).
 
-    The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next. A
-    drafter with a ``for_fast_path()`` method is graphed as the drafter that method returns (same tokens, a form that
-    captures: a prompt lookup's fixed-width search).
+    The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next: on the
+    drafter itself (a reference cycle the garbage collector frees with the drafter; copies and pickles of the drafter
+    start without), never in a table that would keep every drafter alive. A drafter with a ``for_fast_path()``
+    method is graphed as the drafter that method returns (same tokens, a form that captures: a prompt lookup's
+    fixed-width search).
 
     Args:
         drafter: a :class:`~specdec.drafters.Drafter` or ``None``.
@@ -1396,21 +1398,37 @@ def fast_drafter(drafter, mode: str = "graphs"):
         drafter, prefetch = drafter.drafter, drafter.prefetch
     if drafter is None or not isinstance(drafter, GraphableDrafter):
         return drafter
-    variant = getattr(drafter, "for_fast_path", None)
-    inner = variant() if variant is not None else drafter
 
     def wrap():
+        variant = getattr(drafter, "for_fast_path", None)
+        inner = variant() if variant is not None else drafter
         if mode == "compile":
             return GraphedDrafter(inner, capture=compiled_capture(), prefetch=prefetch)
         return GraphedDrafter(inner)
-    try:
-        wrappers = _DRAFTERS.setdefault(drafter, {})
-    except TypeError:  # not weak-referenceable
+    attributes = getattr(drafter, "__dict__", None)
+    if attributes is None:  # no attributes (__slots__): a new wrapper per call
         return wrap()
+    wrappers = attributes.get(_WRAPPERS)
+    if not isinstance(wrappers, _Wrappers):
+        wrappers = attributes[_WRAPPERS] = _Wrappers()
     key = (mode, prefetch)
     if key not in wrappers:
         wrappers[key] = wrap()
     return wrappers[key]
 
 
-_DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_WRAPPERS = "_specdec_fast_wrappers"
+
+
+class _Wrappers(dict):
+    """A drafter's graphed wrappers by ``(mode, prefetch)`` (:func:`fast_drafter`): not copied, not pickled (their
+    CUDA graphs belong to the drafter they were captured on)."""
+
+    def __deepcopy__(self, memo) -> _Wrappers:
+        return _Wrappers()
+
+    def __copy__(self) -> _Wrappers:
+        return _Wrappers()
+
+    def __reduce__(self):
+        return _Wrappers, ()

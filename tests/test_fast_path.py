@@ -590,6 +590,27 @@ def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
     assert alive() is None
 
 
+@pytest.mark.parametrize("name", ["prompt_lookup", "eagle2"])  # graphable drafters (SpS graphs its own adapter)
+def test_the_graphed_wrapper_is_kept_per_drafter_and_never_keeps_it_alive(name):
+    """fast_drafter hands the same wrapper to every call with one drafter (its graphs replay in the next call), a
+    deep copy of the drafter gets its own, and the drafter is freed once the caller drops it (session 37: a weak table
+    whose values held their keys kept every drafter, its head and its graphs, for the life of the process)."""
+    import gc
+    import weakref
+
+    from specdec.static import fast_drafter
+
+    drafter = _drafter(name, tiny_model("llama"))
+    drafter = getattr(drafter, "drafter", drafter)  # a recipe's GraphedDrafter: its inner drafter
+    wrapper = fast_drafter(drafter)
+    assert wrapper is not drafter and fast_drafter(drafter) is wrapper
+    assert fast_drafter(copy.deepcopy(drafter)) is not wrapper
+    alive = weakref.ref(drafter)
+    del drafter, wrapper
+    gc.collect()
+    assert alive() is None
+
+
 def test_an_adapter_counts_its_builds_and_captures():
     """StaticAdapter.counts: one build for the first prefill; a capture per new bucket or plain step, none on a
     replay; a compiled capture's uncompiled inner capture is counted as well (the committing steps use it)."""
