@@ -331,7 +331,9 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
     ``fn`` runs ``warmup`` times on a side stream first (lazy tables, kernels' first-call work, allocator),
     then once under capture; every call of the result replays the graph. Both run inside
     :func:`~specdec.nn.fixed_shape_attention` (masked attention may use cuDNN's SDPA: the shape is fixed) and
-    with torch preferring :func:`capture_blas`'s BLAS library (cuBLASLt by default; restored after).
+    with torch preferring :func:`capture_blas`'s BLAS library (cuBLASLt by default; restored after). The graph reads
+    the tensors ``fn`` reaches besides its inputs (:func:`closure_tensors`) where they lay at the capture; the result
+    keeps them alive as long as it lives (``fn`` itself is not kept).
 
     Args:
         fn: a function of tensors (see :class:`Step`); it runs ``warmup`` times for real.
