@@ -62,7 +62,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specdec as sd  # noqa: E402
-from specdec.bench import left_pad  # noqa: E402
+from specdec.bench import left_pad, no_gc  # noqa: E402
 from specdec.drafters import DraftModelDrafter, PromptLookupDrafter  # noqa: E402
 from specdec.kernels import pdl_enabled  # noqa: E402
 from specdec.nn import quantize_fp8_  # noqa: E402
@@ -356,8 +356,12 @@ def capture_tally(method: Callable, target=None) -> dict[str, int]:
     """Counters that move when a call captures or rebuilds instead of replaying: the method's drafter's
     (``GraphedDrafter.counts``: captures, eager steps, buffer changes) and the fast path's for ``target``
     (:func:`specdec.static.held_graphs`, summed over its held buffers: builds, captures)."""
-    counts = dict(getattr(getattr(method, "drafter", None), "counts", None) or {})
-    tally = {f"drafter {k}": v for k, v in counts.items() if k != "replays"}
+    drafter = getattr(method, "drafter", None)
+    wrappers = [drafter] if hasattr(drafter, "counts") else sd.static.graphed_wrappers(drafter)
+    tally = collections.Counter()
+    for wrapper in wrappers:  # a drafter generate() wraps itself: the wrappers it keeps on the drafter
+        tally.update({f"drafter {k}": v for k, v in wrapper.counts.items() if k != "replays"})
+    tally = dict(tally)
     if target is not None:
         held = sd.static.held_graphs(target).values()
         tally.update({"target builds": sum(h["builds"] for h in held),
@@ -398,12 +402,13 @@ def time_methods(methods: dict[str, Callable], inputs: list, *, warmup: int, max
     for ids in tqdm(inputs, desc=label):
         for name in list(live):
             before = capture_tally(live[name], target)
-            _sync(device)
-            t0 = time.perf_counter()
-            out = call(name, ids)
-            _sync(device)
-            if out is not None:
+            with no_gc():  # a collection inside a timed call is not the call's work
+                _sync(device)
+                t0 = time.perf_counter()
+                out = call(name, ids)
+                _sync(device)
                 dt = time.perf_counter() - t0
+            if out is not None:
                 seconds[name] += dt
                 per_input[name].append(round(dt, 5))
                 runs[name].append(out)

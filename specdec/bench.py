@@ -11,6 +11,8 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +22,25 @@ import torch
 
 __all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benchmark", "to_markdown",
            "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep",
-           "left_pad"]
+           "left_pad", "no_gc"]
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Time a call without Python's cyclic garbage collector: collect first, keep it off inside, restore after.
+
+    A collection that starts inside a timed call (after a compiled baseline left millions of objects, a full pass
+    can take most of a second) charges that call with work that is not its own; ``timeit`` turns the collector off
+    for the same reason. The benchmark loops here and in ``examples/bench_fast.py`` time each call inside it.
+    """
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass
@@ -130,11 +150,12 @@ def run_benchmark(methods: dict[str, Callable[[torch.Tensor], RunOutput]], promp
     start = time.perf_counter()
     for i, ids in enumerate(tqdm(prompts, desc="benchmark", disable=not progress)):
         for name in names:
-            _sync()
-            t0 = time.perf_counter()
-            out = methods[name](ids)
-            _sync()
-            dt = time.perf_counter() - t0
+            with no_gc():
+                _sync()
+                t0 = time.perf_counter()
+                out = methods[name](ids)
+                _sync()
+                dt = time.perf_counter() - t0
             seconds[name] += dt
             outputs[name].append(out)
             if log is not None:

@@ -70,7 +70,8 @@ from .kernels import KVCompactPlan, tree_mask, tree_mask_at
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
-           "target_adapter", "fast_drafter", "fast_mode", "use_fused", "PREFILL_GRAPHS", "held_graphs"]
+           "target_adapter", "fast_drafter", "graphed_wrappers", "fast_mode", "use_fused", "PREFILL_GRAPHS",
+           "held_graphs"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -1415,6 +1416,20 @@ def fast_drafter(drafter, mode: str = "graphs"):
     if key not in wrappers:
         wrappers[key] = wrap()
     return wrappers[key]
+
+
+def graphed_wrappers(drafter) -> list:
+    """The graphed wrappers :func:`fast_drafter` keeps on ``drafter`` (one per mode; empty if none was made), e.g.
+    to read their ``counts`` (a benchmark checks that a timed call captured nothing).
+
+    Args:
+        drafter: a drafter given to ``generate(fast=...)``, or anything.
+
+    Returns:
+        A list of :class:`~specdec.graphs.GraphedDrafter`.
+    """
+    held = getattr(drafter, "__dict__", {}).get(_WRAPPERS)
+    return list(held.values()) if isinstance(held, _Wrappers) else []
 
 
 _WRAPPERS = "_specdec_fast_wrappers"

@@ -102,3 +102,24 @@ def test_eagle_tree_sweep_measures_every_pair_and_matches_plain(tmp_path):
     pytest.importorskip("matplotlib")
     module.plot(rows, str(tmp_path / "sweep.png"), "tiny")
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_no_gc_times_a_call_without_the_collector_and_restores_it():
+    import gc
+
+    from specdec.bench import no_gc
+
+    assert gc.isenabled()
+    with no_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_gc():
+            pass
+        assert not gc.isenabled()  # a caller's own setting is kept
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError), no_gc():
+        raise ValueError("inside")
+    assert gc.isenabled()

@@ -233,3 +233,21 @@ def test_the_skinny_rows_flag_sets_the_kernels_rows_for_the_run_only():
     with pytest.raises(ValueError, match=r"skinny_rows must be an int in \[0, 64\]"):
         with bench_fast.kernels_for(ap.parse_args(["--skinny-rows", "65"])):
             pass
+
+
+def test_capture_tally_reads_the_wrapper_generate_keeps_on_a_plain_drafter():
+    """A row's drafter given unwrapped (prompt lookup) is graphed inside generate(); the tally reads the wrapper kept
+    on it, so a capture inside a timed call shows in ``captured_while_timed``."""
+    import bench_fast
+
+    from specdec.drafters import PromptLookupDrafter
+    from specdec.static import fast_drafter, graphed_wrappers
+
+    drafter = PromptLookupDrafter(num_drafts=4, fixed_width=True)
+    run = lambda ids: None  # noqa: E731 (a stand-in for specdec_run's closure)
+    run.drafter = drafter
+    assert graphed_wrappers(drafter) == [] and bench_fast.capture_tally(run) == {}
+    wrapper = fast_drafter(drafter)
+    assert graphed_wrappers(drafter) == [wrapper]
+    wrapper.counts["captures"] += 2
+    assert bench_fast.capture_tally(run)["drafter captures"] == 2
