@@ -70,8 +70,8 @@ from .kernels import KVCompactPlan, tree_mask, tree_mask_at
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
-           "target_adapter", "fast_drafter", "graphed_wrappers", "fast_mode", "use_fused", "PREFILL_GRAPHS",
-           "held_graphs"]
+           "target_adapter", "fast_drafter", "graphed_wrappers", "release_graphs", "fast_mode", "use_fused",
+           "PREFILL_GRAPHS", "held_graphs"]
 
 #: Padded token counts of the captured target forwards (1: plain steps; the rest: trees).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -1352,6 +1352,29 @@ def held_graphs(model: nn.Module) -> dict[tuple, dict[str, int]]:
             graphs=len(buf.runners) + len(buf.prefills) + (buf.plain.runner is not None))
         out[key] = {**store.counts, **held}
     return out
+
+
+def release_graphs(*objects) -> int:
+    """Let go of what the fast path keeps between ``generate()`` calls for each target model or drafter given: a
+    model's static buffers and captured graphs (:func:`held_graphs`; a verify graph with a drafter's update folded in
+    also holds the tensors that drafter's step read), a drafter's graphed wrappers (:func:`graphed_wrappers`).
+    The next fast call builds and captures anew. Use it in a long session that tries many drafters on one target.
+
+    Args:
+        *objects: target models and drafters (anything else is ignored).
+
+    Returns:
+        How many held stores and wrappers were let go.
+    """
+    released = 0
+    for obj in objects:
+        try:
+            released += len(_STORES.pop(obj, {}))
+        except TypeError:  # not weak-referenceable: nothing kept for it
+            pass
+        held = getattr(obj, "__dict__", {}).pop(_WRAPPERS, None)
+        released += len(held) if isinstance(held, _Wrappers) else 0
+    return released
 
 
 def fast_mode(fast) -> str | None:

@@ -650,6 +650,22 @@ def test_held_graphs_reports_the_stores_generate_keeps():
     second = held_graphs(model)[key]  # the prefill's shape met twice: captured now
     generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], fast=True)
     assert held_graphs(model)[key] == second and second["builds"] == 1  # the third call captures nothing
+    from specdec.static import release_graphs
+
+    assert release_graphs(model) == 1 and held_graphs(model) == {}
+    generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], fast=True)
+    assert held_graphs(model)[key]["builds"] == 1  # a new store: built anew
+
+
+def test_release_graphs_lets_go_of_a_drafters_wrappers_and_ignores_anything_else():
+    from specdec.static import fast_drafter, graphed_wrappers, release_graphs
+
+    drafter = PromptLookupDrafter(max_ngram_size=3, num_drafts=5)
+    wrapper = fast_drafter(drafter)
+    assert graphed_wrappers(drafter) == [wrapper]
+    assert release_graphs(drafter, None, 3, "text") == 1 and graphed_wrappers(drafter) == []
+    assert fast_drafter(drafter) is not wrapper  # wrapped anew
+    assert release_graphs(tiny_model("llama")) == 0  # a model the fast path never kept anything for
 
 
 @pytest.mark.parametrize("device", DEVICES)
