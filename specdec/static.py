@@ -52,7 +52,9 @@ References:
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -1372,8 +1374,10 @@ def release_graphs(*objects) -> int:
             released += len(_STORES.pop(obj, {}))
         except TypeError:  # not weak-referenceable: nothing kept for it
             pass
-        held = getattr(obj, "__dict__", {}).pop(_WRAPPERS, None)
-        released += len(held) if isinstance(held, _Wrappers) else 0
+        held = _wrappers_of(obj, create=False)
+        if held is not None:
+            released += len(held)
+            held.clear()
     return released
 
 
@@ -1402,9 +1406,10 @@ def fast_drafter(drafter, mode: str = "graphs"):
 
     The wrapper is kept per drafter and mode, so graphs captured in one ``generate()`` call replay in the next: on the
     drafter itself (a reference cycle the garbage collector frees with the drafter; copies and pickles of the drafter
-    start without), never in a table that would keep every drafter alive. A drafter with a ``for_fast_path()``
-    method is graphed as the drafter that method returns (same tokens, a form that captures: a prompt lookup's
-    fixed-width search).
+    start without), never in a table that would keep every drafter alive; a frozen dataclass drafter (a
+    configuration) shares it with equal ones, the last :data:`SHARED_DRAFTERS` configurations kept. A drafter with
+    a ``for_fast_path()`` method is graphed as the drafter that method returns (same tokens, a form that captures: a
+    prompt lookup's fixed-width search).
 
     Args:
         drafter: a :class:`~specdec.drafters.Drafter` or ``None``.
@@ -1429,16 +1434,46 @@ def fast_drafter(drafter, mode: str = "graphs"):
         if mode == "compile":
             return GraphedDrafter(inner, capture=compiled_capture(), prefetch=prefetch)
         return GraphedDrafter(inner)
-    attributes = getattr(drafter, "__dict__", None)
-    if attributes is None:  # no attributes (__slots__): a new wrapper per call
+    wrappers = _wrappers_of(drafter, create=True)
+    if wrappers is None:  # no attributes (__slots__) and no value to share by: a new wrapper per call
         return wrap()
-    wrappers = attributes.get(_WRAPPERS)
-    if not isinstance(wrappers, _Wrappers):
-        wrappers = attributes[_WRAPPERS] = _Wrappers()
     key = (mode, prefetch)
     if key not in wrappers:
         wrappers[key] = wrap()
     return wrappers[key]
+
+
+SHARED_DRAFTERS = 8
+"""How many value-equal drafter configurations (frozen dataclasses such as ``PromptLookupDrafter``) keep a shared
+wrapper (:func:`fast_drafter`), least recently used dropped first."""
+
+_SHARED: collections.OrderedDict = collections.OrderedDict()
+
+
+def _wrappers_of(drafter, create: bool):
+    """Where :func:`fast_drafter` keeps ``drafter``'s wrappers: for a frozen dataclass drafter (a configuration: equal
+    ones draft alike, so ``generate(drafter=PromptLookupDrafter(...), fast=True)`` written inline replays the last
+    call's graphs), a table shared by equal drafters, bounded by :data:`SHARED_DRAFTERS`; otherwise the drafter's own
+    attributes. ``None``: nowhere (or nothing yet, with ``create=False``)."""
+    if dataclasses.is_dataclass(drafter) and type(drafter).__dataclass_params__.frozen:
+        try:
+            held = _SHARED.get(drafter)
+            if held is None and create:
+                held = _SHARED[drafter] = _Wrappers()
+                while len(_SHARED) > SHARED_DRAFTERS:
+                    _SHARED.popitem(last=False)
+            elif held is not None and create:  # a use, not a look (graphed_wrappers, release_graphs)
+                _SHARED.move_to_end(drafter)
+            return held
+        except (TypeError, RuntimeError):  # a field without a hash or a plain equality (a tensor): by attributes
+            pass
+    attributes = getattr(drafter, "__dict__", None)
+    if attributes is None:
+        return None
+    held = attributes.get(_WRAPPERS)
+    if not isinstance(held, _Wrappers) and create:
+        held = attributes[_WRAPPERS] = _Wrappers()
+    return held if isinstance(held, _Wrappers) else None
 
 
 def graphed_wrappers(drafter) -> list:
@@ -1451,8 +1486,8 @@ def graphed_wrappers(drafter) -> list:
     Returns:
         A list of :class:`~specdec.graphs.GraphedDrafter`.
     """
-    held = getattr(drafter, "__dict__", {}).get(_WRAPPERS)
-    return list(held.values()) if isinstance(held, _Wrappers) else []
+    held = _wrappers_of(drafter, create=False)
+    return list(held.values()) if held is not None else []
 
 
 _WRAPPERS = "_specdec_fast_wrappers"

@@ -590,7 +590,7 @@ def test_generate_reuses_the_captured_graphs_and_never_keeps_the_model_alive():
     assert alive() is None
 
 
-@pytest.mark.parametrize("name", ["prompt_lookup", "eagle2"])  # graphable drafters (SpS graphs its own adapter)
+@pytest.mark.parametrize("name", ["eagle2"])  # graphable, not a frozen configuration (SpS graphs its own adapter)
 def test_the_graphed_wrapper_is_kept_per_drafter_and_never_keeps_it_alive(name):
     """fast_drafter hands the same wrapper to every call with one drafter (its graphs replay in the next call), a
     deep copy of the drafter gets its own, and the drafter is freed once the caller drops it (session 37: a weak table
@@ -655,6 +655,23 @@ def test_held_graphs_reports_the_stores_generate_keeps():
     assert release_graphs(model) == 1 and held_graphs(model) == {}
     generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], fast=True)
     assert held_graphs(model)[key]["builds"] == 1  # a new store: built anew
+
+
+def test_equal_frozen_drafters_share_a_wrapper_and_only_the_last_few_are_kept(monkeypatch):
+    """A prompt lookup written inline in every call (a new but equal configuration each time) replays the last call's
+    graphs; another configuration gets its own wrapper; only SHARED_DRAFTERS configurations are kept."""
+    import specdec.static as static
+
+    monkeypatch.setattr(static, "_SHARED", collections.OrderedDict())
+    monkeypatch.setattr(static, "SHARED_DRAFTERS", 2)
+    first = static.fast_drafter(PromptLookupDrafter(max_ngram_size=3, num_drafts=5))
+    assert static.fast_drafter(PromptLookupDrafter(max_ngram_size=3, num_drafts=5)) is first
+    other = static.fast_drafter(PromptLookupDrafter(max_ngram_size=2, num_drafts=5))
+    assert other is not first
+    assert static.graphed_wrappers(PromptLookupDrafter(max_ngram_size=3, num_drafts=5)) == [first]
+    static.fast_drafter(PromptLookupDrafter(max_ngram_size=4, num_drafts=5))  # a third: the oldest (first) goes
+    assert static.graphed_wrappers(PromptLookupDrafter(max_ngram_size=3, num_drafts=5)) == []
+    assert static.graphed_wrappers(PromptLookupDrafter(max_ngram_size=2, num_drafts=5)) == [other]
 
 
 def test_release_graphs_lets_go_of_a_drafters_wrappers_and_ignores_anything_else():
