@@ -26,14 +26,20 @@ __all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benc
 
 
 @contextlib.contextmanager
-def no_gc():
-    """Time a call without Python's cyclic garbage collector: collect first, keep it off inside, restore after.
+def no_gc(collect: bool = False):
+    """Time a call without Python's cyclic garbage collector: off inside, restored after (``timeit`` does the same).
 
     A collection that starts inside a timed call (after a compiled baseline left millions of objects, a full pass
-    can take most of a second) charges that call with work that is not its own; ``timeit`` turns the collector off
-    for the same reason. The benchmark loops here and in ``examples/bench_fast.py`` time each call inside it.
+    can take most of a second) charges that call with work that is not its own; with the collector off it runs
+    after the call instead, when the next allocation finds the threshold passed. The benchmark loops here and in
+    ``examples/bench_fast.py`` time each call inside it.
+
+    Args:
+        collect: run a full collection first (outside the timing; it costs the wall clock a ``max_seconds`` budget
+            counts).
     """
-    gc.collect()
+    if collect:
+        gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -106,6 +106,7 @@ def test_eagle_tree_sweep_measures_every_pair_and_matches_plain(tmp_path):
 
 def test_no_gc_times_a_call_without_the_collector_and_restores_it():
     import gc
+    import weakref
 
     from specdec.bench import no_gc
 
@@ -123,3 +124,12 @@ def test_no_gc_times_a_call_without_the_collector_and_restores_it():
     with pytest.raises(ValueError), no_gc():
         raise ValueError("inside")
     assert gc.isenabled()
+
+    class Cycle:
+        pass
+    cycle = Cycle()
+    cycle.me = cycle
+    alive = weakref.ref(cycle)
+    del cycle
+    with no_gc(collect=True):  # collected before the call
+        assert alive() is None
