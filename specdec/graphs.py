@@ -413,7 +413,7 @@ def closure_tensors(fn: Callable[..., Any], max_depth: int = 8) -> tuple[torch.T
             return
         seen.add(id(obj))
         if isinstance(obj, types.FunctionType):
-            items = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+            items = [_contents(c) for c in obj.__closure__ or ()]
             items += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
             items += list(vars(obj).values())  # __wrapped__, a compiled function's original, ...
         elif isinstance(obj, functools.partial):
@@ -437,14 +437,14 @@ def closure_tensors(fn: Callable[..., Any], max_depth: int = 8) -> tuple[torch.T
     return tuple(found.values())
 
 
-_NOT_WALKED = (torch.nn.Module, type, str, bytes, int, float, bool, types.ModuleType, torch.dtype, torch.device)
+_NOT_WALKED = (torch.nn.Module, type, str, bytes, int, float, types.ModuleType, torch.dtype, torch.device)
 
 
-def _filled(cell) -> bool:
+def _contents(cell):
     try:
-        return cell.cell_contents is not _filled  # always true: reading it raises for a cell not bound yet
-    except ValueError:
-        return False
+        return cell.cell_contents
+    except ValueError:  # a cell not bound yet
+        return None
 
 
 # The outputs of every captured step alive, by their storage's address: the same memory at every replay, which a

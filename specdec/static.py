@@ -1471,9 +1471,12 @@ def _wrappers_of(drafter, create: bool):
     if attributes is None:
         return None
     held = attributes.get(_WRAPPERS)
-    if not isinstance(held, _Wrappers) and create:
-        held = attributes[_WRAPPERS] = _Wrappers()
-    return held if isinstance(held, _Wrappers) else None
+    if isinstance(held, _Wrappers) and held.owner is drafter:  # not a shallow copy's original's
+        return held
+    if not create:
+        return None
+    held = attributes[_WRAPPERS] = _Wrappers(drafter)
+    return held
 
 
 def graphed_wrappers(drafter) -> list:
@@ -1494,13 +1497,15 @@ _WRAPPERS = "_specdec_fast_wrappers"
 
 
 class _Wrappers(dict):
-    """A drafter's graphed wrappers by ``(mode, prefetch)`` (:func:`fast_drafter`): not copied, not pickled (their
-    CUDA graphs belong to the drafter they were captured on)."""
+    """A drafter's graphed wrappers by ``(mode, prefetch)`` (:func:`fast_drafter`), with the drafter they belong to
+    (``owner``): a shallow copy of the drafter shares this dict and gets its own; deep copies and pickles start
+    empty (the CUDA graphs belong to the drafter they were captured on)."""
+
+    def __init__(self, owner=None):
+        super().__init__()
+        self.owner = owner
 
     def __deepcopy__(self, memo) -> _Wrappers:
-        return _Wrappers()
-
-    def __copy__(self) -> _Wrappers:
         return _Wrappers()
 
     def __reduce__(self):

@@ -2,6 +2,7 @@
 HF model's logits (when gpt-fast's files are at hand)."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -235,14 +236,16 @@ def test_the_skinny_rows_flag_sets_the_kernels_rows_for_the_run_only():
             pass
 
 
-def test_capture_tally_reads_the_wrapper_generate_keeps_on_a_plain_drafter():
+def test_capture_tally_reads_the_wrapper_generate_keeps_on_a_plain_drafter(monkeypatch):
     """A row's drafter given unwrapped (prompt lookup) is graphed inside generate(); the tally reads the wrapper kept
     on it, so a capture inside a timed call shows in ``captured_while_timed``."""
     import bench_fast
 
+    import specdec.static as static
     from specdec.drafters import PromptLookupDrafter
     from specdec.static import fast_drafter, graphed_wrappers
 
+    monkeypatch.setattr(static, "_SHARED", collections.OrderedDict())  # equal lookups of other tests share theirs
     drafter = PromptLookupDrafter(num_drafts=4, fixed_width=True)
     run = lambda ids: None  # noqa: E731 (a stand-in for specdec_run's closure)
     run.drafter = drafter

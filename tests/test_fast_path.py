@@ -605,6 +605,9 @@ def test_the_graphed_wrapper_is_kept_per_drafter_and_never_keeps_it_alive(name):
     wrapper = fast_drafter(drafter)
     assert wrapper is not drafter and fast_drafter(drafter) is wrapper
     assert fast_drafter(copy.deepcopy(drafter)) is not wrapper
+    shallow = copy.copy(drafter)  # shares the original's attribute dict entries: still gets its own wrapper
+    assert fast_drafter(shallow) is not wrapper and fast_drafter(drafter) is wrapper
+    del shallow
     alive = weakref.ref(drafter)
     del drafter, wrapper
     gc.collect()
@@ -674,8 +677,11 @@ def test_equal_frozen_drafters_share_a_wrapper_and_only_the_last_few_are_kept(mo
     assert static.graphed_wrappers(PromptLookupDrafter(max_ngram_size=2, num_drafts=5)) == [other]
 
 
-def test_release_graphs_lets_go_of_a_drafters_wrappers_and_ignores_anything_else():
+def test_release_graphs_lets_go_of_a_drafters_wrappers_and_ignores_anything_else(monkeypatch):
+    import specdec.static as static
     from specdec.static import fast_drafter, graphed_wrappers, release_graphs
+
+    monkeypatch.setattr(static, "_SHARED", collections.OrderedDict())  # equal lookups of other tests share theirs
 
     drafter = PromptLookupDrafter(max_ngram_size=3, num_drafts=5)
     wrapper = fast_drafter(drafter)
