@@ -352,20 +352,26 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+_PER_STEP = ("replays", "prefetched", "folded", "in_place")  # GraphedDrafter counters every step moves: not one-offs
+
+
 def capture_tally(method: Callable, target=None) -> dict[str, int]:
     """Counters that move when a call captures or rebuilds instead of replaying: the method's drafter's
-    (``GraphedDrafter.counts``: captures, eager steps, buffer changes) and the fast path's for ``target``
-    (:func:`specdec.static.held_graphs`, summed over its held buffers: builds, captures)."""
+    (``GraphedDrafter.counts``: captures, eager steps, buffer changes; not the per-step replays, prefetches,
+    folds and in-place reads) and the fast path's for ``target``
+    (:func:`specdec.static.held_graphs`, summed over its held buffers: builds, captures), and the Triton kernels
+    loaded or compiled (:func:`specdec.bench.triton_kernels_loaded`)."""
     drafter = getattr(method, "drafter", None)
     wrappers = [drafter] if hasattr(drafter, "counts") else sd.static.graphed_wrappers(drafter)
     tally = collections.Counter()
     for wrapper in wrappers:  # a drafter generate() wraps itself: the wrappers it keeps on the drafter
-        tally.update({f"drafter {k}": v for k, v in wrapper.counts.items() if k != "replays"})
+        tally.update({f"drafter {k}": v for k, v in wrapper.counts.items() if k not in _PER_STEP})
     tally = dict(tally)
     if target is not None:
         held = sd.static.held_graphs(target).values()
         tally.update({"target builds": sum(h["builds"] for h in held),
                       "target captures": sum(h["captures"] for h in held)})
+    tally["triton kernels"] = sd.bench.triton_kernels_loaded()
     return tally
 
 

@@ -22,7 +22,7 @@ import torch
 
 __all__ = ["MethodResult", "RunOutput", "hf_method", "specdec_method", "run_benchmark", "to_markdown",
            "save_results", "plot_results", "load_prompts", "sweep_batch_and_k", "best_schedule", "plot_sweep",
-           "left_pad", "no_gc"]
+           "left_pad", "no_gc", "triton_kernels_loaded"]
 
 
 @contextlib.contextmanager
@@ -47,6 +47,35 @@ def no_gc(collect: bool = False):
     finally:
         if enabled:
             gc.enable()
+
+
+def triton_kernels_loaded(prefix: str = "specdec.") -> int:
+    """How many compiled Triton kernels the ``@triton.jit`` functions of the imported modules under ``prefix`` hold
+    (each specialisation, compiled or read from triton's disk cache, is one; summed over devices).
+
+    Taken before and after a timed call, a difference means the call paid a compile or a load (hundreds of
+    milliseconds on a fresh machine) that a longer run would not pay again: a new constexpr combination, or an
+    integer argument whose divisibility by 16 changed. 0 without triton.
+    """
+    import sys
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # pragma: no cover - depends on the environment
+        return 0
+    total, seen = 0, set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            fn = obj
+            for _ in range(3):  # an autotuner or heuristics wrapper holds the JITFunction in .fn (a JITFunction's
+                if isinstance(fn, JITFunction):  # own .fn is the Python function)
+                    break
+                fn = getattr(fn, "fn", None)
+            if isinstance(fn, JITFunction) and id(fn) not in seen:
+                seen.add(id(fn))
+                total += sum(len(entry[0]) for entry in getattr(fn, "device_caches", {}).values())
+    return total
 
 
 @dataclass

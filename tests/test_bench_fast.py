@@ -161,19 +161,22 @@ def test_captures_inside_timed_calls_are_reported():
     from bench_fast import Run, capture_tally, short_table, summarise, time_methods
 
     class Counted:
-        counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0}
+        counts = {"captures": 0, "replays": 0, "eager": 0, "buffer_changes": 0, "prefetched": 0, "folded": 0}
 
     def method(ids):
         Counted.counts["captures"] += 1 if ids == "new shape" else 0
-        Counted.counts["replays"] += 1
+        for per_step in ("replays", "prefetched", "folded"):  # moved by every step: not reported
+            Counted.counts[per_step] += 1
         return Run([[1, 2]], 2, 2)
 
     method.drafter = Counted
-    assert capture_tally(method) == {"drafter captures": 0, "drafter eager": 0, "drafter buffer_changes": 0}
+    tally = capture_tally(method)
+    assert tally.pop("triton kernels") >= 0  # Triton kernels loaded so far in this process (0 without a GPU)
+    assert tally == {"drafter captures": 0, "drafter eager": 0, "drafter buffer_changes": 0}
     timing = {}
     timed = time_methods({"m": method}, ["a", "new shape", "b"], warmup=1, max_seconds=None, device="cpu",
                          errors={}, label="t", timing=timing)
-    assert timing["m"]["captured_while_timed"] == {"drafter captures": 1}  # the replays are not reported
+    assert timing["m"]["captured_while_timed"] == {"drafter captures": 1}  # the per-step counters are not reported
     assert len(timing["m"]["per_input_s"]) == 3 and all(t >= 0 for t in timing["m"]["per_input_s"])
     rows = summarise(timed, batch=1, timing=timing)
     assert rows[0]["captured_while_timed"] == {"drafter captures": 1}
@@ -236,6 +239,41 @@ def test_the_skinny_rows_flag_sets_the_kernels_rows_for_the_run_only():
             pass
 
 
+def test_capture_tally_counts_triton_kernels_loaded_inside_a_timed_call(monkeypatch):
+    """A Triton kernel compiled (or read from the disk cache) inside a timed call shows in the call's tally: the
+    count is the compiled specialisations the @triton.jit functions of specdec's modules hold."""
+    pytest.importorskip("triton")
+    import types
+
+    import bench_fast
+    from triton.runtime.jit import JITFunction  # triton.jit gives an interpreted function under TRITON_INTERPRET
+
+    import specdec.bench as bench
+
+    def kernel(x_ptr):
+        pass
+    probe = JITFunction(kernel)
+
+    module = types.ModuleType("specdec._probe_kernels")
+    module.probe = probe
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    cache = {}
+    monkeypatch.setattr(probe, "device_caches", {0: (cache, None, None, None)}, raising=False)
+    before = bench.triton_kernels_loaded()
+    cache["one specialisation"] = object()  # what triton's launcher stores after a compile
+    assert bench.triton_kernels_loaded() == before + 1
+    assert bench.triton_kernels_loaded(prefix="not_a_module.") == 0
+
+    def method(ids):
+        cache[ids] = object()
+        return bench_fast.Run([[1]], 1, 1)
+
+    timing = {}
+    bench_fast.time_methods({"m": method}, ["warm", "a", "b"], warmup=1, max_seconds=None, device="cpu",
+                            errors={}, label="t", timing=timing)
+    assert timing["m"]["captured_while_timed"] == {"triton kernels": 2}  # "warm" loaded in the warm-up
+
+
 def test_capture_tally_reads_the_wrapper_generate_keeps_on_a_plain_drafter(monkeypatch):
     """A row's drafter given unwrapped (prompt lookup) is graphed inside generate(); the tally reads the wrapper kept
     on it, so a capture inside a timed call shows in ``captured_while_timed``."""
@@ -249,7 +287,7 @@ def test_capture_tally_reads_the_wrapper_generate_keeps_on_a_plain_drafter(monke
     drafter = PromptLookupDrafter(num_drafts=4, fixed_width=True)
     run = lambda ids: None  # noqa: E731 (a stand-in for specdec_run's closure)
     run.drafter = drafter
-    assert graphed_wrappers(drafter) == [] and bench_fast.capture_tally(run) == {}
+    assert graphed_wrappers(drafter) == [] and set(bench_fast.capture_tally(run)) == {"triton kernels"}
     wrapper = fast_drafter(drafter)
     assert graphed_wrappers(drafter) == [wrapper]
     wrapper.counts["captures"] += 2
