@@ -5,8 +5,9 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD; F=.fixtures/fx; mkdir -p $OUT
 B=${BUDGET:-380}
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 100 python3 -m pytest -q -rf -p no:cacheprovider tests/test_tree_attention.py tests/test_inputs.py \
-  -k "not compiled" > $OUT/tail.log 2>&1
+# (session 38's call A sets TAIL_TESTS and TAIL_S for its own test list and reuses the rest)
+timeout ${TAIL_S:-100} python3 -m pytest -q -rf -p no:cacheprovider ${TAIL_TESTS:-tests/test_tree_attention.py \
+  tests/test_inputs.py} -k "not compiled" > $OUT/tail.log 2>&1
 echo "tail rc=$? at ${SECONDS}s"; grep -a "^FAILED" $OUT/tail.log | head; tail -1 $OUT/tail.log
 timeout $((B - SECONDS)) python3 examples/bench_fast.py --target $F/pycoder-18m --draft $F/pycoder-draft-4m \
   --data $F/pycode-heldout.jsonl --gptfast $F/anchors --num-prompts 8 --warmup 2 --max-seconds 8 --batches \
