@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -57,7 +58,6 @@ def triton_kernels_loaded(prefix: str = "specdec.") -> int:
     milliseconds on a fresh machine) that a longer run would not pay again: a new constexpr combination, or an
     integer argument whose divisibility by 16 changed. 0 without triton.
     """
-    import sys
     try:
         from triton.runtime.jit import JITFunction
     except ImportError:  # pragma: no cover - depends on the environment
