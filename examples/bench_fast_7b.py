@@ -32,7 +32,10 @@ figure is the step's wall time):
 
 ``--blas`` picks the BLAS library the captured steps take their GEMMs from (:func:`specdec.graphs.use_capture_blas`;
 default the library's, cuBLASLt); ``--skinny-rows`` the most rows a projection runs on the tensor-core skinny kernel
-(:func:`specdec.kernels.linear_skinny`: the head's tree levels and updates; 0 turns it off).
+(:func:`specdec.kernels.linear_skinny`: the head's tree levels and updates; 0 turns it off); past it, up to 64 rows
+(the verify forward), each projection runs whichever of ``F.linear`` and the skinny kernel was faster when timed on
+the card (:mod:`specdec.kernels.tuning`; the picks are printed and kept in ``results.json``), or ``F.linear`` with
+``--no-tune-linears``.
 
 ``--ragged`` gives the rows prompts of different lengths, left-padded (row ``i`` holds ``context - i * context /
 (2 * batch)`` real tokens): the fast path's ragged batches (tree attention's ``kv_start``) instead of dense ones.
@@ -77,6 +80,7 @@ from specdec.graphs import (  # noqa: E402
 )
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.kernels import pdl_enabled  # noqa: E402
+from specdec.kernels.tuning import linear_picks  # noqa: E402
 from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
@@ -359,6 +363,9 @@ def main(argv=None):
                         help="the BLAS library captured steps pick GEMMs from (default: the library's, cublaslt)")
     parser.add_argument("--skinny-rows", type=int, default=None,
                         help="the most rows a projection runs on the tensor-core skinny kernel (0: never; default 16)")
+    parser.add_argument("--no-tune-linears", action="store_true",
+                        help="verify forwards past --skinny-rows keep F.linear instead of timing it against the "
+                             "skinny kernel (specdec.kernels.tuning)")
     parser.add_argument("--ragged", action="store_true",
                         help="left-padded prompts of different lengths (row i: context - i * context / (2 batch))")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke test on any machine)")
@@ -375,8 +382,10 @@ def main(argv=None):
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
                 draft_vocab=args.draft_vocab, blas=args.blas or capture_blas(), pdl=pdl_enabled(), ragged=args.ragged)
-    with decode_kernels(skinny_rows=args.skinny_rows):
+    tune = False if args.no_tune_linears else None
+    with decode_kernels(skinny_rows=args.skinny_rows, tune_linears=tune):
         meta["skinny_rows"] = decode_settings()["skinny_rows"]
+        meta["tune_linears"] = decode_settings()["tune_linears"]
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
     drafter = recipes.eagle2(head, **TREE)
@@ -393,11 +402,14 @@ def main(argv=None):
         fr8_head.load_state_dict(head.state_dict())
         fr8_drafter = recipes.eagle2(quantize_fp8_(fr8_head.eval().requires_grad_(False)), **TREE)
     rows = {}
-    with decode_kernels(blas=args.blas, skinny_rows=args.skinny_rows):
+    with decode_kernels(blas=args.blas, skinny_rows=args.skinny_rows, tune_linears=tune):
         for batch in args.batches:
             rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter,
                                       fr8_drafter)
             print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
+    meta["linear_picks"] = {f"rows={key[2]} [{key[3]}, {key[4]}] {key[5]}": None if pick is None else list(pick)
+                            for key, pick in linear_picks().items()}  # None: F.linear
+    print(f"linear picks: {json.dumps(meta['linear_picks'])}", flush=True)
     table = to_markdown(rows, meta)
     print(table)
     if args.out:

@@ -54,6 +54,7 @@ from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rop
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny
 from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention, tree_attention_shares_prefix
+from .kernels.tuning import tuned_linear_config
 from .nn.attention import masked_sdpa_kernel, use_tree_attention
 from .nn.inference import cat_linears, linear_versions, use_fused_layers, use_skinny_linear
 
@@ -109,13 +110,16 @@ def fused_support(model: nn.Module) -> str | None:
 # Session 12 (H200, CUDA-graph replays): 5.4 us against cuDNN's 12.0 for the fixture's 64-node verify attention,
 # 17.7 against 34.3 for Llama-2-7B's; the fixture's compiled EAGLE-3 step 1.24 -> 1.09 ms of GPU time: on.
 # The BLAS library captures pick GEMMs from is held by specdec.graphs (use_capture_blas; measured there).
+# tune_linears: forwards of skinny_rows + 1 to 64 rows (the verify of a tree) pick F.linear or the skinny kernel by
+# timing both on the card (specdec.kernels.tuning; session 39: an H100 wants the skinny kernel, the H200 cuBLASLt).
 _DECODE_DEFAULTS = {"gemv_rows": DECODER_GEMV_ROWS, "skinny_rows": SKINNY_DEFAULT_ROWS, "decode_attention": False,
-                    "fused_ops": True, "tree_attention": True}
+                    "fused_ops": True, "tree_attention": True, "tune_linears": True}
 
 
 @contextlib.contextmanager
 def decode_kernels(*, gemv_rows: int | None = None, skinny_rows: int | None = None, attention: bool | None = None,
-                   fused_ops: bool | None = None, tree_attention: bool | None = None, blas: str | None = None):
+                   fused_ops: bool | None = None, tree_attention: bool | None = None, blas: str | None = None,
+                   tune_linears: bool | None = None):
     """Within the block, fused decoders built without their own settings (as the fast path builds them) take these:
     ``gemv_rows``, the most rows a forward may have for :func:`specdec.kernels.linear_rows` (``0``: ``F.linear``
     always; default :data:`~specdec.kernels.gemv.DECODER_GEMV_ROWS`, one), ``skinny_rows``, the most rows a forward
@@ -129,11 +133,14 @@ def decode_kernels(*, gemv_rows: int | None = None, skinny_rows: int | None = No
     :data:`~specdec.kernels.TREE_ATTENTION_MAX_M` tokens under a mask (tree verification, the EAGLE heads'
     levels through :func:`specdec.nn.masked_attention`) attend with :func:`specdec.kernels.tree_attention` or SDPA,
     and ``blas``, the BLAS library captured steps pick their GEMMs from (:func:`specdec.graphs.use_capture_blas`:
-    ``"cublaslt"``, ``"cublas"`` or ``"torch"``, the process's preference)
-    (defaults: ``attention=False``, ``fused_ops=True``, ``tree_attention=True``, ``blas="cublaslt"``, as measured
-    on the H200). ``None`` keeps the setting in force. For ablations of the kernels. Graphs a drafter captured
-    before the change keep the kernels they were captured with; the static adapter of a fused decoder captures its
-    own again.
+    ``"cublaslt"``, ``"cublas"`` or ``"torch"``, the process's preference), and ``tune_linears``, whether forwards
+    of ``skinny_rows + 1`` to :data:`~specdec.kernels.skinny.SKINNY_MAX_ROWS` rows (a tree's verify) time ``F.linear``
+    against the skinny kernel once per card and shape and keep the faster
+    (:func:`specdec.kernels.tuning.tuned_linear_config`; ``False``: ``F.linear`` always)
+    (defaults: ``attention=False``, ``fused_ops=True``, ``tree_attention=True``, ``blas="cublaslt"``,
+    ``tune_linears=True``, as measured on the H200 and an H100). ``None`` keeps the setting in force. For
+    ablations of the kernels. Graphs a drafter captured before the change keep the kernels they were captured with;
+    the static adapter of a fused decoder captures its own again.
 
     Args:
         gemv_rows: ``0 <= gemv_rows`` or ``None``.
@@ -142,6 +149,7 @@ def decode_kernels(*, gemv_rows: int | None = None, skinny_rows: int | None = No
         fused_ops: ``True``, ``False`` or ``None``.
         tree_attention: ``True``, ``False`` or ``None``.
         blas: one of :data:`specdec.graphs.CAPTURE_BLAS_CHOICES` or ``None``.
+        tune_linears: ``True``, ``False`` or ``None``.
 
     Example:
         >>> with decode_kernels(attention=True, fused_ops=True):     # doctest: +SKIP
@@ -153,14 +161,15 @@ def decode_kernels(*, gemv_rows: int | None = None, skinny_rows: int | None = No
                                     or not 0 <= skinny_rows <= SKINNY_MAX_ROWS):
         raise ValueError(f"decode_kernels: skinny_rows must be an int in [0, {SKINNY_MAX_ROWS}] (0 turns the kernel "
                          f"off), got {skinny_rows!r}")
-    for name, value in (("attention", attention), ("fused_ops", fused_ops), ("tree_attention", tree_attention)):
+    for name, value in (("attention", attention), ("fused_ops", fused_ops), ("tree_attention", tree_attention),
+                        ("tune_linears", tune_linears)):
         if value not in (None, True, False):
             raise ValueError(f"decode_kernels: {name} must be True, False or None, got {value!r}")
     if blas is not None and blas not in CAPTURE_BLAS_CHOICES:
         raise ValueError(f"decode_kernels: blas must be one of {CAPTURE_BLAS_CHOICES} or None, got {blas!r}")
     before, before_blas = dict(_DECODE_DEFAULTS), capture_blas()
     for key, value in (("gemv_rows", gemv_rows), ("skinny_rows", skinny_rows), ("decode_attention", attention),
-                       ("fused_ops", fused_ops), ("tree_attention", tree_attention)):
+                       ("fused_ops", fused_ops), ("tree_attention", tree_attention), ("tune_linears", tune_linears)):
         if value is not None:
             _DECODE_DEFAULTS[key] = value
     _apply_decode_defaults(before_blas if blas is None else blas)
@@ -181,7 +190,7 @@ def _apply_decode_defaults(blas: str) -> None:
 
 def decode_settings() -> dict:
     """The settings fused decoders built now take (``gemv_rows``, ``skinny_rows``, ``decode_attention``, ``fused_ops``,
-    ``tree_attention``, ``blas``; see :func:`decode_kernels`)."""
+    ``tree_attention``, ``tune_linears``, ``blas``; see :func:`decode_kernels`)."""
     return dict(_DECODE_DEFAULTS, blas=capture_blas())
 
 
@@ -266,12 +275,13 @@ class FusedDecoder:
         self.fused_ops = _DECODE_DEFAULTS["fused_ops"] if fused_ops is None else bool(fused_ops)
         self.tree_attention = (_DECODE_DEFAULTS["tree_attention"] if tree_attention is None
                                else bool(tree_attention))
+        self.tune_linears = _DECODE_DEFAULTS["tune_linears"]
         self.blas = capture_blas()  # the BLAS library its graphs are captured under (a change: capture again)
 
     @property
     def settings(self) -> dict:
         """This decoder's kernel choices: ``gemv_rows``, ``skinny_rows``, ``decode_attention``, ``fused_ops``,
-        ``tree_attention``, ``blas``."""
+        ``tree_attention``, ``tune_linears``, ``blas``."""
         return {key: getattr(self, key) for key in (*_DECODE_DEFAULTS, "blas")}
 
     def use_settings(self, settings: dict) -> None:
@@ -325,16 +335,31 @@ class FusedDecoder:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
                                               scale=self.scaling)
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                kind: str | None = None) -> torch.Tensor:
         """``F.linear``; for at most :attr:`gemv_rows` rows :func:`specdec.kernels.linear_rows` (one streaming
         pass over ``weight`` on CUDA), else for at most :attr:`skinny_rows` rows :func:`specdec.kernels.linear_skinny`
-        (on tensor cores; bfloat16 / float16); ``F.linear`` itself elsewhere and inside ``torch.compile``."""
+        (on tensor cores; bfloat16 / float16), else, with :attr:`tune_linears`, whichever of the two
+        :func:`~specdec.kernels.tuning.tuned_linear_config` timed faster on this card for the projection ``kind``
+        (``"qkv"``, ``"o"``, ``"gate_up"``, ``"down"``, ``"head"``); ``F.linear`` itself elsewhere and inside
+        ``torch.compile``."""
         rows = x.numel() // max(x.shape[-1], 1)
         if rows <= self.gemv_rows:
             return linear_rows(x, weight, bias)
         if rows <= self.skinny_rows:
             return linear_skinny(x, weight, bias)
+        if kind is not None and self.tune_linears and rows <= SKINNY_MAX_ROWS and x.is_cuda:
+            config = tuned_linear_config(*self._projection(kind), rows)
+            if config is not None:
+                return linear_skinny(x, weight, bias, config=config)
         return F.linear(x, weight, bias)
+
+    def _projection(self, kind: str) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Every layer's weight and bias of one projection (``"head"``: the ``lm_head``, once)."""
+        if kind == "head":
+            return [self.head_w], [self.head_b]
+        names = {"qkv": ("wqkv", "bqkv"), "o": ("wo", "bo"), "gate_up": ("wgu", "bgu"), "down": ("wd", "bd")}[kind]
+        return [getattr(lay, names[0]) for lay in self.layers], [getattr(lay, names[1]) for lay in self.layers]
 
     # ------------------------------------------------------------------ weights
     def _fuse(self, linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -483,17 +508,17 @@ class FusedDecoder:
         delta = None  # the last MLP's output, added to h by the next norm (one fused launch)
         for i, (lay, (eps1, eps2), kv) in enumerate(zip(self.layers, self.eps, cache)):
             h, x = self._add_norm(h, delta, lay.ln1, eps1)
-            qkv = self._linear(x, lay.wqkv, lay.bqkv).view(B, M, nh + 2 * nk, d)
+            qkv = self._linear(x, lay.wqkv, lay.bqkv, "qkv").view(B, M, nh + 2 * nk, d)
             if lay.q_norm is None and self.fused_ops:
                 q = rope_store(qkv, cos, sin, kv.keys, kv.values, slots, nh)
             else:
                 q = self._rope_store_unfused(qkv, lay, cos, sin, kv, slots)
             o = self._attend(q, kv.keys, kv.values, mask, kv_len, kv_end, prefix_end, visible_end, kv_start)
-            h, x = self._add_norm(h, self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo),
+            h, x = self._add_norm(h, self._linear(o.transpose(1, 2).reshape(B, M, nh * d), lay.wo, lay.bo, "o"),
                                   lay.ln2, eps2)
-            gate_up = self._linear(x, lay.wgu, lay.bgu)
+            gate_up = self._linear(x, lay.wgu, lay.bgu, "gate_up")
             act = silu_mul(gate_up) if self.fused_ops else silu_mul_ref(gate_up)
-            delta = self._linear(act, lay.wd, lay.bd)
+            delta = self._linear(act, lay.wd, lay.bd, "down")
             if i + 1 in want and i + 1 < n:
                 h, delta = h + delta, None
                 found[i + 1] = h
@@ -501,5 +526,5 @@ class FusedDecoder:
         if n in want:
             found[n] = h_normed
         h = h_normed
-        logits = self._linear(h[:, -1:] if last_only else h, self.head_w, self.head_b)
+        logits = self._linear(h[:, -1:] if last_only else h, self.head_w, self.head_b, "head")
         return logits, tuple(found[i] for i in feature_layers)

@@ -209,19 +209,19 @@ def test_a_held_static_store_takes_new_decode_settings_and_captures_again():
     store = first._store
     held = store.buffers
     assert store.fused.settings == {"gemv_rows": 1, "skinny_rows": 16, "decode_attention": False, "fused_ops": True,
-                                   "tree_attention": True, "blas": "cublaslt"}
-    with decode_kernels(fused_ops=False, attention=True, blas="cublas", skinny_rows=0):
+                                   "tree_attention": True, "tune_linears": True, "blas": "cublaslt"}
+    with decode_kernels(fused_ops=False, attention=True, blas="cublas", skinny_rows=0, tune_linears=False):
         second = StaticAdapter(model, capacity=first.capacity)
         second._store = store  # as target_adapter() hands the held store to the next call's adapter
         second.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
     assert store.fused.settings == {"gemv_rows": 1, "skinny_rows": 0, "decode_attention": True, "fused_ops": False,
-                                   "tree_attention": True, "blas": "cublas"}
+                                   "tree_attention": True, "tune_linears": False, "blas": "cublas"}
     assert store.buffers is not held  # new buffers: no graph captured with the old kernels replays
     third = StaticAdapter(model, capacity=first.capacity)
     third._store = store
     third.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
     assert store.fused.settings == {"gemv_rows": 1, "skinny_rows": 16, "decode_attention": False, "fused_ops": True,
-                                   "tree_attention": True, "blas": "cublaslt"}
+                                   "tree_attention": True, "tune_linears": True, "blas": "cublaslt"}
 
 
 @needs_kernel

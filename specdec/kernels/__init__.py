@@ -127,6 +127,7 @@ from .tree_mask import (
                         tree_mask_at_ref,
                         tree_mask_ref,
 )
+from .tuning import clear_linear_picks, linear_picks, tuned_linear_config
 from .verify import (
                         VerifyNoise,
                         draw_verify_noise,
@@ -160,6 +161,7 @@ __all__ = [
     "embed_concat", "embed_concat_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref",
+    "tuned_linear_config", "linear_picks", "clear_linear_picks",
     "FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8", "linear_fp8",
     "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
     "TREE_ATTENTION_MAX_M", "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", "tree_attention", "tree_attention_launch",
