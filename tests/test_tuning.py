@@ -139,10 +139,10 @@ def test_a_verify_sized_bf16_forward_times_its_projections_once_and_keeps_the_lo
     assert len(picks) == 5 and {key[2] for key in picks} == {T}  # qkv, o, gate_up, down and the lm_head shapes
     torch.testing.assert_close(outs[True], outs[False], atol=3e-2, rtol=3e-2)
     calls = []
-    original = tuning._time_us
-    tuning._time_us = lambda fn, reps: calls.append(1) or original(fn, reps)
+    original = tuning.captured_time_us
+    tuning.captured_time_us = lambda fn, reps: calls.append(1) or original(fn, reps)
     try:
         dec(tokens, positions, mask, torch.arange(T).cuda(), cache.layers, ())
     finally:
-        tuning._time_us = original
+        tuning.captured_time_us = original
     assert calls == []  # every shape kept: nothing timed again

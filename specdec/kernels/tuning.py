@@ -25,7 +25,7 @@ from ._triton import triton
 from .skinny import SKINNY_DTYPES, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, SkinnyConfig, linear_skinny, skinny_config
 
 __all__ = ["TUNE_MARGIN", "SKINNY_TUNE_CONFIGS", "tuned_linear_config", "pick_fastest", "clear_linear_picks",
-           "linear_picks"]
+           "linear_picks", "captured_time_us"]
 
 #: A skinny launch replaces the BLAS call only when it is this much faster (a fraction of the BLAS call's time).
 TUNE_MARGIN = 0.02
@@ -82,11 +82,21 @@ def pick_fastest(times: dict, default, margin: float = TUNE_MARGIN):
     return best if times[best] < times[default] * (1.0 - margin) else default
 
 
-def _time_us(fn: Callable[[], object], reps: int) -> float:
-    """The fastest of ``reps`` replays of ``fn`` captured as a CUDA graph (after one eager call, which compiles),
-    in microseconds (CUDA events). Captured, as the fast path runs it: launched eagerly, the Triton launches' host
-    time (tens of microseconds each in Python) would count against the skinny kernel (session 39: the eager timing
-    kept cuBLASLt for the 7B ``[gate; up]`` that a graph runs 8% faster on the skinny kernel)."""
+def captured_time_us(fn: Callable[[], object], reps: int = 3, *, replays: int = 1) -> float:
+    """GPU time of ``fn`` as a captured step runs it: ``fn`` called once eagerly (compiles, warms), captured as a
+    CUDA graph, then the fastest of ``reps`` timings of ``replays`` back-to-back replays, per replay, in
+    microseconds (CUDA events). Captured because launched eagerly, the Triton launches' host time (tens of
+    microseconds each in Python) would count against the kernels (session 39: the eager timing kept cuBLASLt for
+    the 7B ``[gate; up]`` that a graph runs 8% faster on the skinny kernel).
+
+    Args:
+        fn: CUDA work to time, capturable (no host syncs, no new allocations' contents read on the host).
+        reps: timings; the fastest counts.
+        replays: graph replays per timing.
+
+    Returns:
+        Microseconds per replay.
+    """
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -97,10 +107,11 @@ def _time_us(fn: Callable[[], object], reps: int) -> float:
     best = float("inf")
     for _ in range(reps):
         start.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3)
+        best = min(best, start.elapsed_time(end) * 1e3 / replays)
     del graph
     return best
 
@@ -120,7 +131,7 @@ def tuned_linear_config(weights: Sequence[torch.Tensor], biases: Sequence[torch.
         biases: one per weight, Shape ``[N]`` or ``None``.
         rows: the rows of the forward (``x``'s leading dims flattened).
         reps: timed repetitions per candidate (the fastest counts).
-        timer: ``timer(fn, reps) -> microseconds`` (tests); default CUDA events.
+        timer: ``timer(fn, reps) -> microseconds`` (tests); default :func:`captured_time_us`.
 
     Returns:
         ``None`` (``F.linear``) or a ``SkinnyConfig``.
@@ -149,7 +160,7 @@ def tuned_linear_config(weights: Sequence[torch.Tensor], biases: Sequence[torch.
         return _PICKS[key]
     if capturing:
         return None
-    timer = timer or _time_us
+    timer = timer or captured_time_us
     x = torch.randn(rows, k, device=w0.device, dtype=w0.dtype)
     pairs = list(zip(weights, biases))
     times = {None: timer(lambda: [F.linear(x, w, b) for w, b in pairs], reps)}

@@ -2,7 +2,9 @@
 forward 6.36 ms busy against the plain step's 5.19, twice the H200's +0.54 ms). (1) tree attention, 61 nodes in a
 64 bucket over 573 live of 1,216 slots (keys L2-cold, 32 layers per graph replay), the plan against a sweep of
 launches, and SDPA's one query (the plain step); (2) the 64-row linears on cuBLASLt / cuBLAS against one-row GEMVs
-(16 distinct weights per shape, L2-cold, graph replays). Prints us per layer / per linear."""
+(16 distinct weights per shape, L2-cold, graph replays). Prints us per layer / per linear. (As run in call B its
+``timed`` was a local copy of the same method: one eager call, a CUDA graph, the best of 3 x 10 replays; it now calls
+specdec.kernels.tuning.captured_time_us, which landed after.)"""
 import itertools
 import json
 import sys
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from specdec.kernels import linear_rows
 from specdec.kernels.skinny import _linear_skinny_triton
 from specdec.kernels.tree_attention import _tree_attention_triton, tree_attention_launch, tree_attention_ref
+from specdec.kernels.tuning import captured_time_us
 
 dev, dt = "cuda", torch.bfloat16
 out_path = sys.argv[1] if len(sys.argv) > 1 else "h100_sweep.json"
@@ -20,24 +23,9 @@ PART = sys.argv[2] if len(sys.argv) > 2 else "all"
 results = {}
 
 
-def timed(run, per, reps=10):
-    run()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    g.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = 1e9
-    for _ in range(3):
-        s.record()
-        for _ in range(reps):
-            g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        best = min(best, s.elapsed_time(e) * 1e3 / reps / per)
-    return best
+def timed(run, per):
+    """us per launch of ``run``'s ``per`` launches, as CUDA-graph replays (session 39's tuning timer)."""
+    return captured_time_us(run, 3, replays=10) / per
 
 
 if PART in ("all", "attn"):
