@@ -348,7 +348,8 @@ class FusedDecoder:
             return linear_rows(x, weight, bias)
         if rows <= self.skinny_rows:
             return linear_skinny(x, weight, bias)
-        if kind is not None and self.tune_linears and rows <= SKINNY_MAX_ROWS and x.is_cuda:
+        if (kind is not None and self.tune_linears and rows <= SKINNY_MAX_ROWS and x.is_cuda
+                and not torch.compiler.is_compiling()):
             config = tuned_linear_config(*self._projection(kind), rows)
             if config is not None:
                 return linear_skinny(x, weight, bias, config=config)
