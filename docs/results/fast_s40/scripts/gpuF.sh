@@ -1,0 +1,12 @@
+#!/bin/bash
+# Session 40, call F (an H200 if lent): the 7B batch-1 gate with the linear tuning against without, and the picks.
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+mkdir -p $OUT/b7
+for run in on1 off1; do
+  flag=""; case $run in off*) flag="--no-tune-linears";; esac
+  timeout 70 python3 examples/bench_fast_7b.py --only fast_plain fast_spec_fr8 --batches 1 --reps 20 \
+    --warmup 3 --draft-vocab 8192 $flag --out $OUT/b7/$run > $OUT/b7/$run.log 2>&1
+  echo "$run rc=$? at ${SECONDS}s: $(grep '^| 1 ' $OUT/b7/$run.log | awk -F'|' '{print "plain", $5, "eagle2 fr8", $18, "ratio", $22}')"
+done
+grep -h "linear picks" $OUT/b7/on1.log | cut -c1-500
