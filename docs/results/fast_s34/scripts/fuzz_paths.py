@@ -7,6 +7,9 @@ the same tokens on the eager and the fast path under the same seed.
     python docs/results/fast_s34/scripts/fuzz_paths.py FIRST_SEED COUNT
     FUZZ_KERNELS=1 python ...   # on CPU: the drafted runs on the Triton kernels under the interpreter
     FUZZ_DEVICE=cuda python ... # on a GPU: the fast path's CUDA graphs and kernels
+    FUZZ_METHODS=eagle2,dflash python ...  # session 41: only these drafters
+    FUZZ_HEADS=1 python ...     # session 41: EAGLE / DFlash / DSpark heads also with a draft vocabulary (FR-Spec's
+                                # restrict_vocab, EAGLE-3's d2t) and / or float8 weights (quantize_fp8_)
 """
 import os
 import random
@@ -17,6 +20,7 @@ import warnings
 
 DEVICE = os.environ.get("FUZZ_DEVICE", "cpu")  # "cuda": the fast path's real graphs and kernels
 KERNELS = os.environ.get("FUZZ_KERNELS") == "1"  # the drafted runs on the Triton kernels (interpreted on CPU)
+HEADS = os.environ.get("FUZZ_HEADS") == "1"  # head variants: draft vocabularies, float8 weights
 if KERNELS:
     os.environ["TRITON_INTERPRET"] = "1"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
@@ -34,7 +38,37 @@ from specdec.sampling import PerRowSource  # noqa: E402
 
 METHODS = ["sps", "sps_tree", "lookup", "lookup_fixed", "eagle1", "eagle2", "eagle3", "medusa_chain", "medusa_tree",
            "peagle", "peagle_tree", "dflash", "dflash_tree", "dspark"]
+if os.environ.get("FUZZ_METHODS"):  # session 41: a comma-separated subset, e.g. eagle1,eagle2,eagle3,dflash,dspark
+    METHODS = os.environ["FUZZ_METHODS"].split(",")
 ARCHS = ["llama", "qwen2", "gpt_neox", "gemma", "qwen3", "phi3", "mistral"]
+
+
+def vocab(rng):
+    """A random draft vocabulary of 8 to VOCAB - 1 target ids (sorted), as restrict_vocab and d2t take it."""
+    return torch.randperm(VOCAB, generator=torch.Generator().manual_seed(rng.randrange(99)))[
+        :rng.randint(8, VOCAB - 1)].sort().values
+
+
+def variant(head, rng):
+    """Session 41 (FUZZ_HEADS=1): the head with a restricted vocabulary and / or float8 weights, each half the
+    time; lossless either way, so the greedy runs must still equal plain decoding."""
+    if not HEADS:
+        return head
+    if isinstance(head, Eagle1Head) and not isinstance(head, Eagle3Head) and rng.random() < 0.5:
+        head.restrict_vocab(vocab(rng))
+    if rng.random() < 0.5:
+        from specdec.nn import quantize_fp8_
+        quantize_fp8_(head.eval().requires_grad_(False))
+    return head
+
+
+def eagle3_head(target, rng):
+    if HEADS and rng.random() < 0.5:
+        from specdec.training import build_draft_vocab
+        counts = torch.rand(VOCAB, generator=torch.Generator().manual_seed(rng.randrange(99)))
+        return Eagle3Head.from_target(target, feature_layers=(0, 1, 1),
+                                      draft_vocab=build_draft_vocab(counts, rng.randint(8, VOCAB - 1)))
+    return Eagle3Head.from_target(target, feature_layers=(0, 1, 1))
 
 
 def make(method, target, rng):
@@ -48,12 +82,13 @@ def make(method, target, rng):
     if method == "lookup_fixed":
         return recipes.prompt_lookup(rng.randint(1, 8), fixed_width=True)
     if method == "eagle1":
-        return recipes.eagle1(Eagle1Head.from_target(target), [(0,), (1,), (0, 0), (0, 0, 0)], cuda_graphs=False)
+        return recipes.eagle1(variant(Eagle1Head.from_target(target), rng), [(0,), (1,), (0, 0), (0, 0, 0)],
+                              cuda_graphs=False)
     if method == "eagle2":
-        return recipes.eagle2(Eagle1Head.from_target(target), total_tokens=rng.randint(3, 14), depth=rng.randint(1, 4),
-                              top_k=rng.randint(1, 4), cuda_graphs=False)
+        return recipes.eagle2(variant(Eagle1Head.from_target(target), rng), total_tokens=rng.randint(3, 14),
+                              depth=rng.randint(1, 4), top_k=rng.randint(1, 4), cuda_graphs=False)
     if method == "eagle3":
-        head = Eagle3Head.from_target(target, feature_layers=(0, 1, 1))
+        head = variant(eagle3_head(target, rng), rng)
         return recipes.eagle3(head, total_tokens=rng.randint(3, 14), depth=rng.randint(1, 5), top_k=rng.randint(1, 4),
                               cuda_graphs=False)
     if method == "medusa_chain":
@@ -68,13 +103,15 @@ def make(method, target, rng):
         return recipes.peagle(PEagleHead.from_target(target, num_layers=1, max_drafts=3),
                               tree=[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)], cuda_graphs=False)
     if method == "dflash":
-        return recipes.dflash(DFlashHead.from_target(target, block_size=rng.randint(2, 6)), cuda_graphs=False)
+        return recipes.dflash(variant(DFlashHead.from_target(target, block_size=rng.randint(2, 6)), rng),
+                              cuda_graphs=False)
     if method == "dflash_tree":
         return recipes.dflash(DFlashHead.from_target(target, block_size=4), tree=[(0,), (1,), (0, 0), (0, 0, 0)],
                               cuda_graphs=False)
     if method == "dspark":
         from specdec.heads import DSparkHead
-        return recipes.dspark(DSparkHead.from_target(target, block_size=rng.randint(2, 6)), cuda_graphs=False)
+        return recipes.dspark(variant(DSparkHead.from_target(target, block_size=rng.randint(2, 6)), rng),
+                              cuda_graphs=False)
     raise ValueError(method)
 
 
