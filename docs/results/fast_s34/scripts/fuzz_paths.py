@@ -44,7 +44,7 @@ ARCHS = ["llama", "qwen2", "gpt_neox", "gemma", "qwen3", "phi3", "mistral"]
 
 
 def vocab(rng):
-    """A random draft vocabulary of 8 to VOCAB - 1 target ids (sorted), as restrict_vocab and d2t take it."""
+    """A random draft vocabulary of 8 to VOCAB - 1 target ids (sorted), as restrict_vocab takes it."""
     return torch.randperm(VOCAB, generator=torch.Generator().manual_seed(rng.randrange(99)))[
         :rng.randint(8, VOCAB - 1)].sort().values
 
@@ -63,12 +63,13 @@ def variant(head, rng):
 
 
 def eagle3_head(target, rng):
+    """An EAGLE-3 head; with FUZZ_HEADS=1, half the time over a draft vocabulary (``d2t``) of 8 to VOCAB - 1 ids."""
+    draft_vocab = None
     if HEADS and rng.random() < 0.5:
         from specdec.training import build_draft_vocab
         counts = torch.rand(VOCAB, generator=torch.Generator().manual_seed(rng.randrange(99)))
-        return Eagle3Head.from_target(target, feature_layers=(0, 1, 1),
-                                      draft_vocab=build_draft_vocab(counts, rng.randint(8, VOCAB - 1)))
-    return Eagle3Head.from_target(target, feature_layers=(0, 1, 1))
+        draft_vocab = build_draft_vocab(counts, rng.randint(8, VOCAB - 1))
+    return Eagle3Head.from_target(target, feature_layers=(0, 1, 1), draft_vocab=draft_vocab)
 
 
 def make(method, target, rng):
