@@ -88,6 +88,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from .bench import no_gc
 from .nn.attention import fixed_shape_attention
 
 if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them at run time
@@ -362,7 +363,10 @@ def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> 
                 fn(*static)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # Python's cyclic collector off during the capture: a collection that frees a dead CUDA graph (a drafter or
+        # adapter dropped earlier, its graphs in a reference cycle) resets it under capture, which CUDA forbids and
+        # which invalidates this capture (torch no longer collects before a capture; session 42's CUDA fuzz).
+        with no_gc(), torch.cuda.graph(graph):
             outputs = fn(*static)
 
     _hold(outputs)

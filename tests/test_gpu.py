@@ -178,3 +178,44 @@ def test_capture_graph_captures_under_its_blas_library_and_restores_the_process_
     with pytest.raises(RuntimeError, match="no capture"):
         capture_graph(bad, (x, w))
     assert torch.backends.cuda.preferred_blas_library() == before
+
+
+def test_a_collection_during_a_capture_frees_no_dead_graph():
+    """Session 42's CUDA fuzz: a dead CUDA graph held in a reference cycle (a dropped drafter's, say), freed by a
+    collection that started inside another capture, was reset under capture, which invalidated that capture. The
+    collector now waits until the capture is over."""
+    import gc
+
+    spare = torch.cuda.CUDAGraph()
+    buf = torch.zeros(8, device="cuda")
+    with torch.cuda.graph(spare):
+        buf.add_(1)
+    spares, freed = [spare], []
+    del spare
+
+    class Cycle:  # garbage as soon as made: only a collection frees it (and the graph it holds)
+        def __init__(self, graph):
+            self.graph, self.me = graph, self
+
+        def __del__(self):
+            freed.append(torch.cuda.is_current_stream_capturing())
+
+    def fn(x):
+        if torch.cuda.is_current_stream_capturing() and spares:
+            Cycle(spares.pop())
+            [[i] for i in range(1000)]  # container allocations past the collector's first threshold
+        return x * 2
+
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.set_threshold(1)
+    try:
+        step = capture_graph(fn, (torch.ones(4, device="cuda"),))
+    finally:
+        gc.set_threshold(*threshold)
+        if not enabled:
+            gc.disable()
+    gc.collect()
+    assert freed == [False]  # freed, after the capture
+    assert gc.isenabled() == enabled
+    torch.testing.assert_close(step(torch.full((4,), 3.0, device="cuda")), torch.full((4,), 6.0, device="cuda"))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..bench import no_gc
 from ._triton import triton
 from .skinny import SKINNY_DTYPES, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, SkinnyConfig, linear_skinny, skinny_config
 
@@ -100,7 +101,7 @@ def captured_time_us(fn: Callable[[], object], reps: int = 3, *, replays: int = 
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with no_gc(), torch.cuda.graph(graph):  # no dead graph freed under the capture (specdec.graphs.capture_graph)
         fn()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
