@@ -72,6 +72,34 @@ def test_the_fastest_skinny_launch_is_kept_per_shape_and_rows_and_timed_once():
     assert linear_picks() == {}
 
 
+def test_every_candidate_is_timed_after_a_fused_norm_launch_as_a_forward_runs_it(monkeypatch):
+    """Session 42: a BLAS product ends the chain of PDL launches, which a chain of products alone does not show; so
+    each candidate's products are timed each after the fused norm (one per layer), and still give F.linear's result."""
+    from specdec.kernels import tuning
+
+    weights, biases = _weights()
+    norms = []
+
+    def counted(x, residual, weight, eps, **kw):
+        norms.append(x.shape)
+        return tuning_norm(x, residual, weight, eps, **kw)
+    tuning_norm = tuning.add_rms_norm
+    monkeypatch.setattr(tuning, "add_rms_norm", counted)
+    results = []
+
+    def clock(fn, reps):
+        results.append(fn())
+        return 10.0 - len(results)
+    clear_linear_picks()
+    tuned_linear_config(weights, biases, 40, timer=clock)
+    assert len(norms) == len(results) * len(weights) and set(norms) == {(40, 32)}
+    for out in results:  # every candidate multiplies the same normed rows by every layer's matrix
+        assert len(out) == len(weights) and all(o.shape == (40, 48) for o in out)
+        for got, want in zip(out, results[0]):
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    clear_linear_picks()
+
+
 def test_nothing_is_timed_where_the_skinny_kernel_cannot_run():
     clock = _Clock([])
     w32, b32 = _weights(dtype=torch.float32)

@@ -8,7 +8,11 @@ H100 (session 39, ``docs/results/fast_s39``) the skinny kernel with five loads i
 instead of 7.72 / 7.83 ms (alternating processes).
 No fixed rule fits both, so :func:`tuned_linear_config` times them on the weights themselves (all the layers'
 matrices of one projection in turn: the order and the cache misses of a real forward) and keeps the winner per
-``(card, dtype, rows, N, K, BLAS library)`` for the process.
+``(card, dtype, rows, N, K, BLAS library)`` for the process. Each product is timed after a launch of the fused
+norm kernel, as a forward runs it between the fused element-wise ops: the library's Triton kernels start early
+under programmatic dependent launch (PDL) and a BLAS kernel ends that chain on both sides, which a chain of products
+alone does not show (session 42, an H100: with the ``[q; k; v]`` and ``o_proj`` products off cuBLASLt the 7B
+EAGLE-2 step took 7.23 / 7.24 instead of 7.28 / 7.29 ms, alternating processes).
 
 The choice is a speed choice only: both compute ``F.linear`` (float32 accumulation; the summation order differs,
 so bfloat16 results can differ in the last bit between the two). The BLAS call stays unless a skinny launch beats
@@ -16,6 +20,7 @@ it by more than :data:`TUNE_MARGIN`, so close cases do not flip between processe
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,6 +28,7 @@ import torch.nn.functional as F
 
 from ..bench import no_gc
 from ._triton import triton
+from .decoder_ops import add_rms_norm
 from .skinny import SKINNY_DTYPES, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, SkinnyConfig, linear_skinny, skinny_config
 
 __all__ = ["TUNE_MARGIN", "SKINNY_TUNE_CONFIGS", "tuned_linear_config", "pick_fastest", "clear_linear_picks",
@@ -123,7 +129,8 @@ def tuned_linear_config(weights: Sequence[torch.Tensor], biases: Sequence[torch.
     """How to multiply ``rows`` rows by these weights fastest on their card: ``None`` for ``F.linear`` (the BLAS
     library torch prefers now), else the :class:`~specdec.kernels.skinny.SkinnyConfig` to run
     :func:`~specdec.kernels.linear_skinny` with. Timed once per ``(card, dtype, rows, N, K, BLAS library)`` and
-    process, over all of ``weights`` in turn (one layer's matrix after another, as a forward reads them); later
+    process, over all of ``weights`` in turn (one layer's matrix after another, as a forward reads them, each
+    product after a launch of :func:`~specdec.kernels.add_rms_norm`, as between a forward's fused ops); later
     calls return the kept choice. Never timed on CPU, for float32 or rows outside the skinny kernel's range, inside
     a CUDA graph capture or under ``torch.compile``: ``None`` there (and nothing kept while capturing).
 
@@ -163,11 +170,17 @@ def tuned_linear_config(weights: Sequence[torch.Tensor], biases: Sequence[torch.
         return None
     timer = timer or captured_time_us
     x = torch.randn(rows, k, device=w0.device, dtype=w0.dtype)
+    scale = torch.ones(k, device=w0.device, dtype=w0.dtype)
     pairs = list(zip(weights, biases))
-    times = {None: timer(lambda: [F.linear(x, w, b) for w, b in pairs], reps)}
+
+    def chain(linear: Callable[..., torch.Tensor]) -> list[torch.Tensor]:
+        # each product after a fused norm launch, as a forward runs it (a BLAS kernel ends the PDL chain)
+        return [linear(add_rms_norm(x, None, scale, 1e-6)[1], w, b) for w, b in pairs]
+
+    times = {None: timer(lambda: chain(F.linear), reps)}
     for config in dict.fromkeys((skinny_config(rows, n, k), *SKINNY_TUNE_CONFIGS)):
         try:
-            times[config] = timer(lambda c=config: [linear_skinny(x, w, b, config=c) for w, b in pairs], reps)
+            times[config] = timer(lambda c=config: chain(functools.partial(linear_skinny, config=c)), reps)
         except _LAUNCH_ERRORS:
             continue
     _PICKS[key] = pick_fastest(times, None)
