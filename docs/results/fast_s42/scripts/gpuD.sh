@@ -13,7 +13,7 @@ for run in ch1 sk1 ch2 sk2; do
   echo "$run rc=$? at ${SECONDS}s: $(grep '^| 1 ' $OUT/b7/$run.log | awk -F'|' '{print "plain", $5, "eagle2 fr8", $18, "ratio", $22}')"
 done
 grep -h "linear picks" $OUT/b7/ch1.log $OUT/b7/ch2.log | cut -c1-400
-FUZZ_DEVICE=cuda FUZZ_SECONDS=150 timeout 200 python3 docs/results/fast_s34/scripts/fuzz_paths.py 120000 3000 \
+FUZZ_DEVICE=cuda FUZZ_SECONDS=100 timeout 150 python3 docs/results/fast_s34/scripts/fuzz_paths.py 120000 3000 \
   > $OUT/fuzz_cuda.log 2>&1
 echo "fuzz rc=$? at ${SECONDS}s: $(tail -1 $OUT/fuzz_cuda.log)"
 grep -c "^MISMATCH\|^ERROR\|^STREAM" $OUT/fuzz_cuda.log
