@@ -10,6 +10,8 @@ the same tokens on the eager and the fast path under the same seed.
     FUZZ_METHODS=eagle2,dflash python ...  # session 41: only these drafters
     FUZZ_HEADS=1 python ...     # session 41: EAGLE / DFlash / DSpark heads also with a draft vocabulary (FR-Spec's
                                 # restrict_vocab, EAGLE-3's d2t) and / or float8 weights (quantize_fp8_)
+    FUZZ_GC=50 python ...       # session 42: the cyclic collector's first threshold at 50 (default 700-2000), so
+                                # that collections also fall inside captures (dead graphs freed under capture)
 """
 import os
 import random
@@ -23,6 +25,9 @@ KERNELS = os.environ.get("FUZZ_KERNELS") == "1"  # the drafted runs on the Trito
 HEADS = os.environ.get("FUZZ_HEADS") == "1"  # head variants: draft vocabularies, float8 weights
 if KERNELS:
     os.environ["TRITON_INTERPRET"] = "1"
+if os.environ.get("FUZZ_GC"):
+    import gc
+    gc.set_threshold(int(os.environ["FUZZ_GC"]))
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 warnings.filterwarnings("ignore")
