@@ -78,12 +78,11 @@ def test_every_candidate_is_timed_after_a_fused_norm_launch_as_a_forward_runs_it
     from specdec.kernels import tuning
 
     weights, biases = _weights()
-    norms = []
+    norms, tuning_norm = [], tuning.add_rms_norm
 
     def counted(x, residual, weight, eps, **kw):
         norms.append(x.shape)
         return tuning_norm(x, residual, weight, eps, **kw)
-    tuning_norm = tuning.add_rms_norm
     monkeypatch.setattr(tuning, "add_rms_norm", counted)
     results = []
 
