@@ -376,6 +376,45 @@ def test_the_levels_rope_made_once_per_step_equals_the_heads_own(target):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_drafters_rope_table_equals_the_heads_rotary_and_is_made_once_per_capacity(target, dtype):
+    """The drafter reads every RoPE row from one table per cache capacity (made on the host, kept while the drafter
+    lives): bit for bit the head's own ``rotary`` at those positions; padded entries' stale positions are clamped into
+    the table (never an index past it); a propose and an update compute no cosine or sine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specdec.drafters.eagle import _rope_rows
+
+    head = _heads(target)["eagle1"].to(dtype)
+    drafter = eagle2(head, total_tokens=12, depth=3, top_k=3, cuda_graphs=False)
+    cache = head.new_cache(2, 40)
+    tables = drafter._tables_for(cache)
+    assert drafter._tables_for(cache) is tables and drafter._tables_for(head.new_cache(2, 40)) is tables
+    assert drafter._tables_for(head.new_cache(2, 48)) is not tables
+    positions = torch.tensor([[0, 5, 39], [17, 38, 2]])
+    cos, sin = _rope_rows(tables.rope, positions)
+    want_cos, want_sin = head.rotary(positions, dtype)
+    assert cos.dtype == dtype and torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    far = _rope_rows(tables.rope, torch.tensor([[-3, 40, 1000]]))
+    assert torch.equal(far[0][0, 0], tables.rope[[0, 39, 39], 0])
+    assert torch.equal(tables.scratch, torch.arange(drafter._scratch_start(cache), 39))
+
+    class Trig(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.cos, torch.ops.aten.sin):
+                Trig.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    roots = [3, 4]
+    state = drafter.start(_start_feedback(target, [[5, 6, 7, 8], [9, 10, 11, 12]], roots, head.feature_layers))
+    drafter._tables_for(state.cache)  # the capacity's table (the first step makes it)
+    with Trig():
+        draft, state = drafter.propose(state, _request(state.lengths, roots, 3))
+    assert Trig.calls == 0 and draft.tokens.shape == (2, 11)
+
+
 def test_drafter_refuses_a_non_eagle_head():
     with pytest.raises(TypeError, match="load_eagle_head"):
         EagleDrafter(torch.nn.Linear(2, 2))

@@ -146,3 +146,24 @@ def test_an_unrestricted_head_holds_the_projection_once_and_restrictions_chain(t
     head.restrict_vocab(None)
     assert head.full_lm_head_weight is None and head.draft_ids is None
     torch.testing.assert_close(head.logits(hidden), full, rtol=0, atol=0)
+
+
+def test_the_heads_draft_id_tables_map_as_draft_to_target_does(target):
+    """``draft_id_table`` (what a drafter hands the tree's top-k): ``None`` for a full vocabulary, the kept ids for a
+    restricted EAGLE-1 head, ``arange + d2t`` for an EAGLE-3 head, made once per ``d2t`` and made again when ``d2t``
+    changes in place."""
+    from specdec.heads import Eagle3Head
+
+    head = Eagle1Head.from_target(target).float()
+    assert head.draft_id_table() is None
+    keep = torch.tensor([1, 4, 6, 9, 20])
+    head.restrict_vocab(keep)
+    assert torch.equal(head.draft_id_table(), keep)
+    d2t, t2d = build_draft_vocab(torch.arange(VOCAB, 0, -1).float() ** 2, 7)
+    head3 = Eagle3Head.from_target(target, feature_layers=(0, 1, 2), draft_vocab=(d2t, t2d)).float()
+    table = head3.draft_id_table()
+    draft_ids = torch.arange(7)
+    assert torch.equal(table, head3.draft_to_target(draft_ids)) and head3.draft_id_table() is table
+    with torch.no_grad():
+        head3.d2t.zero_()
+    assert torch.equal(head3.draft_id_table(), draft_ids)

@@ -35,6 +35,7 @@ import torch
 from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound, static_buffers
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
 from ..kernels import head_tree_mask, head_update_mask
+from ..trees.dynamic import VocabMap
 from ..trees.static import as_policy
 from ..types import Draft, DraftScheme
 from .base import Feedback, ProposeRequest
@@ -66,6 +67,23 @@ class EagleState(NamedTuple):
 
 def _round_up(n: int, m: int = 64) -> int:
     return (n + m - 1) // m * m
+
+
+class _Tables(NamedTuple):
+    """Constants of the steps over a cache of one capacity, made once on the host (never inside a capture) and kept
+    while the drafter lives, so that graphs captured on them stay valid: the head's RoPE rows of every slot's
+    position, and the index vectors a draft would otherwise make at every replay."""
+
+    rope: torch.Tensor  # [C, 2, d]: cos and sin at positions 0..C-1 in the head's dtype (head.rotary's values)
+    levels: torch.Tensor  # [max(depth - 1, 1)] int64: 0, 1, ... (level l of a tree sits at root + l - 1)
+    scratch: torch.Tensor  # [scratch] int64: the scratch slots S0 .. C - 2
+
+
+def _rope_rows(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``head.rotary(positions, dtype)`` read from a :class:`_Tables` ``rope`` table (two launches: a clamp, so that
+    no stale position of a padded entry indexes past the table, and the gather): ``(cos, sin)``, ``[B, 1, T, d]``."""
+    rows = table[positions.clamp(0, table.shape[0] - 1)]  # [B, T, 2, d]
+    return rows[:, None, :, 0], rows[:, None, :, 1]
 
 
 class EagleDrafter:
@@ -106,6 +124,7 @@ class EagleDrafter:
         self.resync_every = resync_every
         self.fold = bool(fold)
         self._scratch = self.policy.scratch_slots(self.max_num_drafts)
+        self._tables: dict[tuple, _Tables] = {}
 
     def __repr__(self) -> str:
         return f"EagleDrafter({type(self.head).__name__}, {self.policy!r})"
@@ -123,6 +142,22 @@ class EagleDrafter:
 
     def _scratch_start(self, cache: HeadCache) -> int:
         return cache.capacity - 1 - self._scratch  # scratch slots, then the trash slot, end the cache
+
+    def _tables_for(self, cache: HeadCache) -> _Tables:
+        """The :class:`_Tables` of ``cache``'s capacity (made on the first call for it, then reused)."""
+        head, C = self.head, cache.capacity
+        device = cache.keys.device
+        key = (C, device, head.dtype, head.rotary.inv_freq.device)
+        tables = self._tables.get(key)
+        if tables is None:
+            with torch.no_grad():
+                cos, sin = head.rotary(torch.arange(C, device=device)[None], head.dtype)  # [1, 1, C, d] each
+                levels = max(self.max_num_drafts - 1, 1)
+                tables = _Tables(torch.stack([cos[0, 0], sin[0, 0]], dim=1),
+                                 torch.arange(levels, device=device),
+                                 torch.arange(self._scratch_start(cache), C - 1, device=device))
+            self._tables[key] = tables
+        return tables
 
     def _new_cache(self, feedback: Feedback, static: bool, buffers: HeadCache | None) -> HeadCache:
         B, M = feedback.tokens.shape
@@ -226,9 +261,12 @@ class EagleDrafter:
         after = state._replace(num_forwards=state.num_forwards + self.policy.num_forwards(depth))
         sampled = self.policy.scheme is not DraftScheme.DETERMINISTIC and not request.sampling.is_greedy
         cache = state.cache
+        tables = self._tables_for(cache)
+        ids = self.head.draft_id_table()  # read on the host at every step: a restricted vocabulary is never stale
+        to_target = self.head.draft_to_target if ids is None else VocabMap(ids)
 
         def draft(lengths: torch.Tensor, root_positions: torch.Tensor, last_hidden: torch.Tensor) -> Draft:
-            return self._draft(cache, lengths, root_positions, last_hidden, depth, request)
+            return self._draft(cache, tables, to_target, lengths, root_positions, last_hidden, depth, request)
 
         return Step(fn=draft, inputs=(state.lengths, request.root_positions, state.last_hidden),
                     finish=lambda out: (out, after), key=None if sampled else ("propose", depth), buffers=cache)
@@ -259,12 +297,14 @@ class EagleDrafter:
             return EagleState(state.cache, lengths, bound, last_hidden, state.num_forwards + 1, since, mark)
 
         cache = state.cache
+        tables = self._tables_for(cache)
         inputs = (state.lengths, state.last_hidden, feedback.tokens, feedback.next_tokens, feedback.positions,
                   feedback.valid, tuple(feedback.features))
-        return Step(fn=lambda *tensors: self._absorb(cache, *tensors), inputs=inputs, finish=finish,
+        return Step(fn=lambda *tensors: self._absorb(cache, tables, *tensors), inputs=inputs, finish=finish,
                     key=("update",) if M <= self.max_num_drafts + 1 else None, buffers=cache)
 
-    def _absorb(self, cache: HeadCache, lengths: torch.Tensor, last_hidden: torch.Tensor, tokens: torch.Tensor,
+    def _absorb(self, cache: HeadCache, tables: _Tables, lengths: torch.Tensor, last_hidden: torch.Tensor,
+                tokens: torch.Tensor,
                 next_tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                 features: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the head over the feedback entries (no host sync; static shapes given batch, width, capacity).
@@ -279,24 +319,24 @@ class EagleDrafter:
         # rows' new lengths and last real entries: one launch of the tree-mask family (additive on CUDA)
         mask_dtype = head.dtype if tokens.is_cuda else torch.bool
         plan = head_update_mask(lengths, positions, valid.bool(), cache.capacity, mask_dtype)
-        out = head(next_tokens, hidden, positions, plan.mask, cache, plan.slots)
+        rope = _rope_rows(tables.rope, positions)
+        out = head(next_tokens, hidden, positions, plan.mask, cache, plan.slots, rope=rope)
         picked = out.gather(1, plan.last.clamp(min=0)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
         return plan.lengths, torch.where((plan.last >= 0)[:, None], picked, last_hidden.to(picked.dtype))
 
-    def _draft(self, cache: HeadCache, lengths: torch.Tensor, root_positions: torch.Tensor,
-               last_hidden: torch.Tensor, depth: int, request: ProposeRequest) -> Draft:
+    def _draft(self, cache: HeadCache, tables: _Tables, to_target, lengths: torch.Tensor,
+               root_positions: torch.Tensor, last_hidden: torch.Tensor, depth: int, request: ProposeRequest) -> Draft:
         """The tree of one step (no host sync; static shapes given batch, capacity and depth)."""
         head = self.head
         B = lengths.shape[0]
-        device = lengths.device
         C, S0 = cache.capacity, self._scratch_start(cache)
         mask_dtype = head.dtype if lengths.is_cuda else torch.bool
-        # every level's positions, RoPE rows and scratch slots in one go (level l sits at root + l - 1; its nodes'
-        # keys at the scratch slots after the earlier levels'): per forward only views of them, no kernels
+        # every level's positions and RoPE rows in one go (level l sits at root + l - 1; its nodes' keys at the
+        # scratch slots after the earlier levels'): three launches, then per forward only views of them
         levels = max(depth - 1, 1)
-        level_positions = root_positions[:, None] + torch.arange(levels, device=device)
-        cos_all, sin_all = head.rotary(level_positions, head.dtype)
-        scratch_slots = torch.arange(S0, C - 1, device=device)
+        level_positions = root_positions[:, None] + tables.levels[:levels]
+        cos_all, sin_all = _rope_rows(tables.rope, level_positions)
+        scratch_slots = tables.scratch
 
         def expand(tokens: torch.Tensor, parent_hidden: torch.Tensor, visible: torch.Tensor, level: int):
             F, S = tokens.shape[1], visible.shape[-1]
@@ -314,5 +354,5 @@ class EagleDrafter:
 
         # sampling and source are read only by a sampled tree at T > 0, whose step is never captured
         return self.policy.grow(head.logits(last_hidden), last_hidden, expand, depth=depth,
-                                draft_to_target=head.draft_to_target, sampling=request.sampling,
+                                draft_to_target=to_target, sampling=request.sampling,
                                 source=request.source, vocab_size=head.config.vocab_size)

@@ -577,6 +577,12 @@ class Eagle1Head(_EagleHead):
         """
         return draft_ids if self.draft_ids is None else self.draft_ids[draft_ids]
 
+    def draft_id_table(self) -> torch.Tensor | None:
+        """The target id of each column of :meth:`logits` (Shape ``[V']`` int64, the restricted vocabulary's ids), or
+        ``None`` when the head drafts over the whole vocabulary (the identity). A drafter hands it to the tree's
+        top-k (:class:`~specdec.trees.VocabMap`) instead of calling :meth:`draft_to_target` per level."""
+        return self.draft_ids
+
 
 class Eagle3Head(_EagleHead):
     """The EAGLE-3 head: fused low/mid/high target features, 2H-input midlayer, own norm + reduced ``lm_head``.
@@ -698,6 +704,19 @@ class Eagle3Head(_EagleHead):
             Target ids, same shape.
         """
         return draft_ids + self.d2t[draft_ids]
+
+    def draft_id_table(self) -> torch.Tensor:
+        """``arange(V_draft) + d2t``: the target id of each draft id (Shape ``[V_draft]`` int64), made once per
+        ``d2t`` (its storage and version) and kept, so that graphs captured on it stay valid; a drafter hands it to
+        the tree's top-k (:class:`~specdec.trees.VocabMap`) instead of calling :meth:`draft_to_target` per level."""
+        d2t = self.d2t
+        key = (d2t.data_ptr(), d2t._version, d2t.device, d2t.shape[0])
+        held = self.__dict__.get("_draft_id_table")
+        if held is None or held[0] != key:
+            with torch.no_grad():
+                held = (key, torch.arange(d2t.shape[0], device=d2t.device) + d2t)
+            self.__dict__["_draft_id_table"] = held
+        return held[1]
 
     def target_to_draft_logits(self, target_logits: torch.Tensor) -> torch.Tensor:
         """Restrict target logits to the draft vocabulary (column ``i`` = target id ``i + d2t[i]``).

@@ -87,10 +87,16 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _dispatch(x, k, lse=False)
 
 
-def _dispatch(x: torch.Tensor, k: int, lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`topk_rows` (``lse`` False) or :func:`log_softmax_topk`: the kernel or the reference."""
+def _dispatch(x: torch.Tensor, k: int, lse: bool,
+              index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_rows` (``lse`` False) or :func:`log_softmax_topk` (``index_map``: with ``lse`` only): the kernel
+    or the reference."""
     _check(x, k)
-    name, ref = ("log_softmax_topk", log_softmax_topk_ref) if lse else ("topk_rows", topk_rows_ref)
+    name = "log_softmax_topk" if lse else "topk_rows"
+
+    def ref(x, k):
+        return log_softmax_topk_ref(x, k, index_map=index_map) if lse else topk_rows_ref(x, k)
+
     if x.shape[-1] > TOPK_MAX_N or k > TOPK_MAX_K or x.numel() == 0:
         return ref(x, k)
     mode = get_kernel_mode()
@@ -98,11 +104,12 @@ def _dispatch(x: torch.Tensor, k: int, lse: bool) -> tuple[torch.Tensor, torch.T
         if x.is_cuda and triton_available():  # the op under torch.compile (opaque to inductor), else the launcher
             if torch.compiler.is_compiling():
                 op = torch.ops.specdec.log_softmax_topk if lse else torch.ops.specdec.topk_rows
-                return op(x, k)
-            return _topk_rows_triton(x, k, lse=lse)
+                values, indices = op(x, k)
+                return values, (indices if index_map is None else index_map[indices].long())
+            return _topk_rows_triton(x, k, lse=lse, index_map=index_map)
         return ref(x, k)
     if use_kernel(name, x):  # forced: the kernel (under the interpreter on CPU)
-        return _topk_rows_triton(x, k, lse=lse)
+        return _topk_rows_triton(x, k, lse=lse, index_map=index_map)
     return ref(x, k)
 
 
@@ -114,17 +121,18 @@ def _check(x: torch.Tensor, k: int) -> None:
 
 
 @jit
-def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, n_stats, K: tl.constexpr,
+def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, map_ptr, n, width, stride, n_stats, K: tl.constexpr,
                       BLOCK: tl.constexpr, GATHER: tl.constexpr, STATS: tl.constexpr, LSE: tl.constexpr,
                       MERGE: tl.constexpr, BLOCK_C: tl.constexpr, PACKED: tl.constexpr = True,
-                      PDL: tl.constexpr = False):
+                      MAP: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program per (row, chunk of ``width <= BLOCK`` entries): the chunk's ``K`` best, written at
     ``[row, chunk, :]``. ``GATHER``: the entries are candidates; write their source indices (``src [row, n]``).
     ``STATS``: also write the chunk's maximum and sum of ``exp(x - max)`` at ``stat [row, chunk, 0:2]``. ``LSE``:
     subtract the row's log-sum-exp from the values written: from this chunk (the whole row), or with ``MERGE``
     from the ``n_stats`` chunks' statistics at ``stat``. ``PACKED``: each pick is one maximum over 64-bit keys
     (:func:`_sort_keys`: the value's order in the high half, the inverted index in the low half) instead of a
-    maximum over the values and a minimum over the indices that hold it."""
+    maximum over the values and a minimum over the indices that hold it. ``MAP``: write ``map[index]`` instead of
+    the index (the last launch of :func:`log_softmax_topk`'s ``index_map``)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -164,9 +172,12 @@ def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, n, width, stride, 
             at = tl.min(tl.where(free & (x == best), offs, n + BLOCK), axis=0)
         tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
         if GATHER:
-            tl.store(i_ptr + out + j, tl.load(src_ptr + row * n + at))
+            index = tl.load(src_ptr + row * n + at)
         else:
-            tl.store(i_ptr + out + j, at.to(tl.int64))
+            index = at.to(tl.int64)
+        if MAP:
+            index = tl.load(map_ptr + index).to(tl.int64)
+        tl.store(i_ptr + out + j, index)
         if PACKED:
             keys = tl.where(offs == at, -0x7FFFFFFFFFFFFFFF - 1, keys)
         else:
@@ -186,13 +197,14 @@ def _sort_keys(x, offs, inside):
 
 
 def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *, lse: bool = False,
-                 stats: torch.Tensor | None = None, packed: bool = True,
-                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 stats: torch.Tensor | None = None, packed: bool = True, chunk: int | None = None,
+                 index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``[R, chunks, k]``: each chunk's k best values and indices (``src``: the candidates' source indices). Chunks
     have equal widths (the last one shorter by less than their number), so each holds at least ``k`` entries.
     ``lse``: float32 log-softmax values: a first launch (``src`` ``None``) of several chunks returns their statistics
     ``[R, chunks, 2]`` for the last launch (one chunk), which subtracts the row's log-sum-exp (from ``stats``).
-    ``packed``: the kernel's ``PACKED`` picks; ``chunk``: the chunk width (default :data:`TOPK_CHUNK`)."""
+    ``packed``: the kernel's ``PACKED`` picks; ``chunk``: the chunk width (default :data:`TOPK_CHUNK`); ``index_map``:
+    written through it by the last launch (one chunk)."""
     R, n = rows.shape
     chunks = -(-n // (chunk or TOPK_CHUNK))
     width = -(-n // chunks)
@@ -202,39 +214,54 @@ def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *,
     new_stats = torch.empty(R, chunks, 2, dtype=torch.float32, device=rows.device) if keep else None
     apply = lse and chunks == 1
     n_stats = stats.shape[1] if apply and stats is not None else 0
+    mapped = index_map is not None and chunks == 1
     if R:
         block = next_pow2(width)
         _topk_rows_kernel[(R, chunks)](rows, rows if src is None else src, values, indices,
-                                       new_stats if keep else (stats if n_stats else values), n, width,
-                                       rows.stride(0), n_stats, K=k, BLOCK=block, GATHER=src is not None,
-                                       STATS=keep, LSE=apply, MERGE=n_stats > 0,
-                                       BLOCK_C=next_pow2(max(n_stats, 1)), PACKED=packed,
+                                       new_stats if keep else (stats if n_stats else values),
+                                       index_map if mapped else indices, n, width, rows.stride(0), n_stats, K=k,
+                                       BLOCK=block, GATHER=src is not None, STATS=keep, LSE=apply, MERGE=n_stats > 0,
+                                       BLOCK_C=next_pow2(max(n_stats, 1)), PACKED=packed, MAP=mapped,
                                        num_warps=8 if block >= 4096 else 4, **pdl_launch())
     return values, indices, new_stats if keep else stats
 
 
-def _topk_rows_triton(x: torch.Tensor, k: int, lse: bool = False, packed: bool = True,
-                      chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_rows_triton(x: torch.Tensor, k: int, lse: bool = False, packed: bool = True, chunk: int | None = None,
+                      index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     rows = as_rows(x)
     R = rows.shape[0]
     if chunk is None and R <= TOPK_FEW_ROWS and rows.shape[1] <= TOPK_FEW_ROWS_MAX_N:
         chunk = TOPK_FEW_ROWS_CHUNK
-    values, indices, stats = _topk_launch(rows, k, lse=lse, packed=packed, chunk=chunk)
+    values, indices, stats = _topk_launch(rows, k, lse=lse, packed=packed, chunk=chunk, index_map=index_map)
     while values.shape[1] > 1:  # chunks: the k best of their candidates (in chunk order, so ties stay ascending)
         values, indices, stats = _topk_launch(values.view(R, -1), k, indices.view(R, -1), lse=lse, stats=stats,
-                                              packed=packed, chunk=chunk)
+                                              packed=packed, chunk=chunk, index_map=index_map)
     lead = tuple(x.shape[:-1])
     return values.view(*lead, k), indices.view(*lead, k)
 
 
-def log_softmax_topk_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def log_softmax_topk_ref(logits: torch.Tensor, k: int, *,
+                         index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for :func:`log_softmax_topk` (same arguments and result):
-    ``topk_rows_ref(torch.log_softmax(logits.float(), -1), k)``."""
+    ``topk_rows_ref(torch.log_softmax(logits.float(), -1), k)``, the indices then read through ``index_map``."""
     _check(logits, k)
-    return topk_rows_ref(torch.log_softmax(logits.float(), dim=-1), k)
+    _check_map(logits, index_map)
+    values, indices = topk_rows_ref(torch.log_softmax(logits.float(), dim=-1), k)
+    return values, (indices if index_map is None else index_map[indices].long())
 
 
-def log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_map(x: torch.Tensor, index_map: torch.Tensor | None) -> None:
+    if index_map is not None and (not isinstance(index_map, torch.Tensor) or index_map.dim() != 1
+                                  or index_map.shape[0] != x.shape[-1] or index_map.dtype not in (torch.int32,
+                                                                                                     torch.int64)
+                                  or index_map.device != x.device):
+        raise ValueError(f"log_softmax_topk: index_map must be an int32/int64 vector of the row length "
+                         f"[{x.shape[-1]}] on {x.device}, got {getattr(index_map, 'dtype', type(index_map))} "
+                         f"{tuple(getattr(index_map, 'shape', ()))}")
+
+
+def log_softmax_topk(logits: torch.Tensor, k: int, *,
+                     index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest log-probabilities of each row of ``logits`` and their indices, without the
     ``[..., V]`` log-softmax tensor: on CUDA the top-k kernel's launches (see the module docstring) with the rows'
     log-sum-exp merged from the chunks' statistics; :func:`log_softmax_topk_ref` elsewhere (and where
@@ -249,11 +276,14 @@ def log_softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     Args:
         logits: Shape ``[..., V]``, floating point, no NaN.
         k: ``1 <= k <= V``.
+        index_map: Shape ``[V]`` int64 (or int32), or ``None``: return ``index_map[indices]`` instead of the
+            indices, read inside the last launch (a draft vocabulary's target ids: no gather of its own).
 
     Returns:
         ``(log-probabilities [..., k] float32, indices [..., k] int64)``.
     """
-    return _dispatch(logits, k, lse=True)
+    _check_map(logits, index_map)
+    return _dispatch(logits, k, lse=True, index_map=index_map)
 
 
 if triton_available():

@@ -157,16 +157,42 @@ def _chunks(rows: int, vocab: int, block: int) -> tuple[int, int]:
 
 
 @jit
-def _finish_argmax(val_ptr, idx_ptr, rows, num_chunks):
-    """Argmax over ``num_chunks`` partial (value, index) pairs per row; the first chunk wins ties."""
-    best = tl.load(val_ptr + rows * num_chunks)
-    index = tl.load(idx_ptr + rows * num_chunks)
-    for c in range(1, num_chunks):
-        value = tl.load(val_ptr + rows * num_chunks + c)
-        take = value > best
-        best = tl.where(take, value, best)
-        index = tl.where(take, tl.load(idx_ptr + rows * num_chunks + c), index)
-    return index
+def _finish_argmax_rows(val_ptr, idx_ptr, rows, num_chunks, BLOCK_C: tl.constexpr):
+    """Each row's argmax from its ``num_chunks`` partial (value, index) pairs, in one load of the ``[rows,
+    num_chunks]`` partials; the first chunk wins ties (the partials are never NaN; missing chunks read ``-inf`` and
+    chunk 0 always exists)."""
+    c = tl.arange(0, BLOCK_C)
+    c_in = c < num_chunks
+    values = tl.load(val_ptr + rows[:, None] * num_chunks + c[None, :], mask=c_in[None, :], other=-float("inf"))
+    best = tl.argmax(values, 1, tie_break_left=True)
+    return tl.load(idx_ptr + rows * num_chunks + best)
+
+
+@jit
+def _pick(vector, ids, at):
+    """``vector[at]`` for a register vector indexed by ``ids`` (``at`` a scalar): a one-hot reduction, no memory
+    access."""
+    return tl.sum(tl.where(ids == at, vector, 0), 0)
+
+
+@jit
+def _pick_each(vector, ids, at):
+    """``vector[at]`` for a vector of indices ``at`` (:func:`_pick` of each)."""
+    return tl.sum(tl.where(at[:, None] == ids[None, :], vector[None, :], 0), 1)
+
+
+@jit
+def _write_path_regs(path_ptr, num_ptr, row, node, parents, depths, ids, path_width, BLOCK_D: tl.constexpr):
+    """:func:`_write_path` from the row's parents and depths held in registers (``ids`` their node indices)."""
+    cols = tl.arange(0, BLOCK_D)
+    current = node.to(tl.int64)
+    path = tl.where(cols == 0, 0, -1).to(tl.int64)
+    tl.store(num_ptr + row, _pick(depths, ids, current).to(tl.int64))
+    while current > 0:
+        path = tl.where(cols == _pick(depths, ids, current), current, path)
+        parent = _pick(parents, ids, current).to(tl.int64)
+        current = tl.where(parent < current, parent, 0)  # parents precede children; stop on malformed input
+    tl.store(path_ptr + row * path_width + cols, path, mask=cols < path_width)
 
 
 @jit
@@ -310,8 +336,11 @@ def _argmax_partials_kernel(x_ptr, val_ptr, idx_ptr, width, vocab, chunk, num_ch
 def _greedy_walk_kernel(val_ptr, idx_ptr, tokens_ptr, parents_ptr, depths_ptr, path_ptr, num_ptr, next_ptr,
                         nodes, num_chunks, rounds, path_width,
                         stride_tb, stride_tn, stride_pb, stride_pn, stride_db, stride_dn,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """Per row: accepted = draft equals its parent's argmax, ANDed over the path; deepest accepted node wins."""
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    """Per row: accepted = draft equals its parent's argmax, ANDed over the path; deepest accepted node wins. Every
+    node's argmax comes from one load of the partials; parents' argmaxes, the next token and the path are then read
+    from registers (no chain of dependent memory reads)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     width = nodes + 1
@@ -320,7 +349,8 @@ def _greedy_walk_kernel(val_ptr, idx_ptr, tokens_ptr, parents_ptr, depths_ptr, p
     parents = tl.load(parents_ptr + row * stride_pb + ids * stride_pn, mask=live, other=-1)
     depths = tl.load(depths_ptr + row * stride_db + ids * stride_dn, mask=live, other=0)
     tokens = tl.load(tokens_ptr + row * stride_tb + (ids - 1) * stride_tn, mask=live & (ids >= 1), other=-1)
-    at_parent = _finish_argmax(val_ptr, idx_ptr, row * width + tl.maximum(parents, 0), num_chunks)
+    argmax = _finish_argmax_rows(val_ptr, idx_ptr, row * width + tl.where(live, ids, 0), num_chunks, BLOCK_C)
+    at_parent = _pick_each(argmax, ids, tl.maximum(parents, 0).to(tl.int32))
     accepted = ((parents >= 0) & (ids >= 1) & live & (tokens == at_parent)) | (ids == 0)
     # AND over each node's path by pointer doubling; a gather from registers is a one-hot reduction.
     jump = tl.where((parents >= 0) & (ids > 0), parents, ids)
@@ -330,9 +360,8 @@ def _greedy_walk_kernel(val_ptr, idx_ptr, tokens_ptr, parents_ptr, depths_ptr, p
         jump = tl.sum(tl.where(hit, jump[None, :], 0), 1)
     score = tl.where(accepted & live, depths, -1)
     best = tl.argmax(score, 0, tie_break_left=True)
-    tl.store(next_ptr + row, _finish_argmax(val_ptr, idx_ptr, row * width + best, num_chunks).to(tl.int64))
-    _write_path(path_ptr, num_ptr, row, best, parents_ptr, depths_ptr, stride_pb, stride_pn, stride_db, stride_dn,
-                path_width, BLOCK_D)
+    tl.store(next_ptr + row, _pick(argmax, ids, best).to(tl.int64))
+    _write_path_regs(path_ptr, num_ptr, row, best, parents, depths, ids, path_width, BLOCK_D)
 
 
 def _verify_greedy_triton(target_probs: torch.Tensor, draft: Draft, max_depth: int | None) -> VerifyResult:
@@ -362,7 +391,7 @@ def _verify_greedy_triton(target_probs: torch.Tensor, draft: Draft, max_depth: i
         values, indices, tokens, parents, depths, path, num_accepted, next_tokens,
         nodes, num_chunks, max(nodes.bit_length(), 1), depth + 1,
         *tokens.stride(), *parents.stride(), *depths.stride(),
-        BLOCK_N=next_pow2(width), BLOCK_D=next_pow2(depth + 1), **pdl_launch(),
+        BLOCK_N=next_pow2(width), BLOCK_D=next_pow2(depth + 1), BLOCK_C=next_pow2(num_chunks), **pdl_launch(),
     )
     return VerifyResult(path, num_accepted, next_tokens)
 

@@ -27,7 +27,7 @@ from .core import (
     retrieve_paths,
     validate_parents,
 )
-from .dynamic import DynamicTree, ExpandFn, TreePolicy, grow_dynamic_tree, grow_dynamic_tree_ref
+from .dynamic import DynamicTree, ExpandFn, TreePolicy, VocabMap, grow_dynamic_tree, grow_dynamic_tree_ref
 from .level import LevelTree, as_level_policy, level_tree_draft, level_tree_draft_ref
 from .optimize import (
     RankAcceptance,
@@ -46,7 +46,7 @@ __all__ = [
     "validate_parents", "EAGLE_MC_SIM_7B_63", "MEDUSA_MC_SIM_7B_63", "MEDUSA_VICUNA_7B_STAGE2",
     "MEDUSA_VICUNA_7B_STAGE1", "MEDUSA_VICUNA_7B_STAGE1_ABLATION", "MEDUSA_VICUNA_13B_STAGE2",
     "MEDUSA_VICUNA_13B_STAGE1", "MEDUSA_VICUNA_33B_STAGE2", "MEDUSA_VICUNA_33B_STAGE1", "MEDUSA_ZEPHYR_STAGE2",
-    "TREE_PRESETS", "StaticTree", "SampledTree", "DynamicTree", "ExpandFn", "TreePolicy", "as_policy",
+    "TREE_PRESETS", "StaticTree", "SampledTree", "DynamicTree", "ExpandFn", "TreePolicy", "VocabMap", "as_policy",
     "grow_dynamic_tree", "grow_dynamic_tree_ref",
 ]
 __all__ += [

@@ -43,9 +43,38 @@ from ..kernels.topk import log_softmax_topk
 from ..sampling import RandomSource
 from ..types import Draft, DraftScheme, SamplingParams
 
-__all__ = ["DynamicTree", "ExpandFn", "TreePolicy", "grow_dynamic_tree", "grow_dynamic_tree_ref"]
+__all__ = ["DynamicTree", "ExpandFn", "TreePolicy", "VocabMap", "grow_dynamic_tree", "grow_dynamic_tree_ref"]
 
 ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+class VocabMap:
+    """A draft-to-target id map given as a table: draft id ``i`` is target id ``table[i]``.
+
+    Callable like any ``draft_to_target`` function (every policy takes it); :func:`grow_dynamic_tree` instead hands
+    the table to :func:`~specdec.kernels.log_softmax_topk` (``index_map``), which reads it inside its last launch,
+    so a level's ids need no gather of their own.
+
+    Args:
+        table: Shape ``[V']`` int64, the target id of each draft id.
+
+    Example:
+        >>> VocabMap(torch.tensor([4, 9, 11]))(torch.tensor([[2, 0]]))
+        tensor([[11,  4]])
+    """
+
+    def __init__(self, table: torch.Tensor):
+        if not isinstance(table, torch.Tensor) or table.dim() != 1 or table.dtype != torch.int64:
+            raise ValueError(f"VocabMap: the table must be an int64 vector [V'] of target ids, got "
+                             f"{getattr(table, 'dtype', type(table))} {tuple(getattr(table, 'shape', ()))}")
+        self.table = table
+
+    def __call__(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of ``draft_ids`` (any shape, int64 in ``[0, V')``), same shape."""
+        return self.table[draft_ids]
+
+    def __repr__(self) -> str:
+        return f"VocabMap({self.table.shape[0]} draft ids)"
 
 
 @runtime_checkable
@@ -104,7 +133,8 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
         top_k: children per expanded node and frontier width.
         total_tokens: tree size verified by the target, root included (the authors' ``total_token``):
             ``N = min(total_tokens - 1, top_k + (D - 1) top_k^2)`` draft nodes.
-        draft_to_target: maps draft-vocabulary ids to target ids (EAGLE-3 ``d2t``); identity if ``None``.
+        draft_to_target: maps draft-vocabulary ids to target ids (EAGLE-3 ``d2t``); identity if ``None``. A
+            :class:`VocabMap` is read inside the top-k's launch (no gather per level).
 
     Returns:
         A :class:`~specdec.types.Draft` with ``tokens [B, N]`` (target ids), ``parents``/``depths``
@@ -121,18 +151,29 @@ def grow_dynamic_tree(root_logits: torch.Tensor, root_hidden: torch.Tensor, expa
         EAGLE-2 arXiv 2406.16858, Sec. 4 (expansion and reranking).
     """
     _check_args(root_logits, root_hidden, depth, top_k, total_tokens)
-    to_target = draft_to_target or _identity
     B, V = root_logits.shape
     k = min(top_k, V)
+    if isinstance(draft_to_target, VocabMap):  # the top-k's last launch reads the table: target ids come out
+        table = draft_to_target.table
+
+        def best(logits):
+            return log_softmax_topk(logits, k, index_map=table)
+    else:
+        to_target = draft_to_target or _identity
+
+        def best(logits):
+            lp, ids = log_softmax_topk(logits, k)
+            return lp, to_target(ids)
+
     cands = new_candidates(B, k, depth, root_logits.device)
     # level 1: the root's k best (ties by ascending id, as the reference's (-score, index) order)
-    scores, ids = log_softmax_topk(root_logits, k)
-    frontier = dynamic_tree_level(cands, 0, scores, to_target(ids), None, root_hidden, advance=depth > 1)
+    scores, tokens = best(root_logits)
+    frontier = dynamic_tree_level(cands, 0, scores, tokens, None, root_hidden, advance=depth > 1)
     offset = k
     for level in range(1, depth):
         logits, hidden = expand(frontier.tokens, frontier.hidden, frontier.visible, level)
-        child_lp, child_ids = log_softmax_topk(logits, k)  # [B, k parents, k children]
-        frontier = dynamic_tree_level(cands, offset, child_lp, to_target(child_ids), frontier, hidden,
+        child_lp, child_tokens = best(logits)  # [B, k parents, k children]
+        frontier = dynamic_tree_level(cands, offset, child_lp, child_tokens, frontier, hidden,
                                       advance=level + 1 < depth)
         offset += k * k
     tokens, parents, depths = rerank_candidates(cands, k, total_tokens)
