@@ -120,14 +120,10 @@ def test_long_rows_large_k_and_bad_inputs():
         topk_rows(torch.arange(6).view(2, 3), 2)
 
 
-@needs_kernel
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("ties", [False, True])
-def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties):
-    """grow_dynamic_tree with every top-k on the kernel against the same code on the reference (coarse logits:
-    ties); without ties, both against the per-row reference of the paper's steps."""
+def _tree_inputs(device, seed, ties=False):
+    """A root's logits, its hidden state and an ``expand`` whose children depend on the token and the level."""
     B, V, H = 2, 40, 8
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(seed)
     table, root = torch.randn(V, V, generator=g), torch.randn(B, V, generator=g)
     if ties:
         table, root = (table * 2).round() / 2, (root * 2).round() / 2
@@ -136,7 +132,16 @@ def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties)
     def expand(tokens, hidden, visible, level):
         return table[tokens % V] + level * 0.5, hidden
 
-    hidden = torch.zeros(B, H, device=device)
+    return root, torch.zeros(B, H, device=device), expand
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties):
+    """grow_dynamic_tree with every top-k on the kernel against the same code on the reference (coarse logits:
+    ties); without ties, both against the per-row reference of the paper's steps."""
+    root, hidden, expand = _tree_inputs(device, 5, ties)
     trees = []
     for mode in ("triton", "torch"):
         with kernel_mode(mode):
@@ -150,38 +155,12 @@ def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties)
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape,k", [((10, 300), 10), ((3, 8192), 10), ((2, 5, 37), 7), ((1, 4097), 1)])
-def test_an_index_map_is_read_by_the_last_launch(device, shape, k):
-    """``index_map``: the ids come out as ``index_map[indices]`` (a draft vocabulary's target ids), from one launch
-    or from the merge of chunks (8192: two launches), values unchanged; a map of the wrong length is refused."""
-    x = _rows(shape, seed=shape[-1] + 3 * k, device=device) * 4
-    index_map = torch.randperm(5 * shape[-1], generator=torch.Generator().manual_seed(1))[:shape[-1]].to(device)
-    with kernel_mode("triton"):
-        values, ids = log_softmax_topk(x, k, index_map=index_map)
-        plain_values, indices = log_softmax_topk(x, k)
-    ref_values, ref_ids = log_softmax_topk_ref(x, k, index_map=index_map)
-    assert ids.dtype == torch.long and torch.equal(ids, index_map[indices]) and torch.equal(ids, ref_ids)
-    assert torch.equal(values, plain_values)
-    torch.testing.assert_close(values, ref_values, atol=2e-5, rtol=1e-6)
-    with pytest.raises(ValueError, match="index_map must be an int32/int64 vector of the row length"):
-        log_softmax_topk(x, k, index_map=index_map[:-1])
-
-
-@needs_kernel
-@pytest.mark.parametrize("device", DEVICES)
 def test_the_dynamic_tree_reads_a_vocab_map_inside_its_top_k(device):
     """A draft vocabulary as a :class:`VocabMap` (read by the top-k's launch) gives the tree a function map gives."""
     from specdec.trees import VocabMap
 
-    B, V, H = 2, 40, 8
-    g = torch.Generator().manual_seed(6)
-    table, root = torch.randn(V, V, generator=g).to(device), torch.randn(B, V, generator=g).to(device)
-    ids = torch.randperm(3 * V, generator=g)[:V].to(device)
-
-    def expand(tokens, hidden, visible, level):
-        return table[tokens % V] + level * 0.5, hidden
-
-    hidden = torch.zeros(B, H, device=device)
+    root, hidden, expand = _tree_inputs(device, 6)
+    ids = torch.randperm(3 * root.shape[1], generator=torch.Generator().manual_seed(7))[:root.shape[1]].to(device)
     trees = []
     for mode in ("triton", "torch"):
         with kernel_mode(mode):
