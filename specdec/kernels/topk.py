@@ -124,7 +124,7 @@ def _check(x: torch.Tensor, k: int) -> None:
 def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, map_ptr, n, width, stride, n_stats, K: tl.constexpr,
                       BLOCK: tl.constexpr, GATHER: tl.constexpr, STATS: tl.constexpr, LSE: tl.constexpr,
                       MERGE: tl.constexpr, BLOCK_C: tl.constexpr, PACKED: tl.constexpr = True,
-                      MAP: tl.constexpr = False, PDL: tl.constexpr = False):
+                      MAP: tl.constexpr = False, K_PAD: tl.constexpr = 1, PDL: tl.constexpr = False):
     """One program per (row, chunk of ``width <= BLOCK`` entries): the chunk's ``K`` best, written at
     ``[row, chunk, :]``. ``GATHER``: the entries are candidates; write their source indices (``src [row, n]``).
     ``STATS``: also write the chunk's maximum and sum of ``exp(x - max)`` at ``stat [row, chunk, 0:2]``. ``LSE``:
@@ -161,6 +161,8 @@ def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, map_ptr, n, width,
         keys = _sort_keys(x, offs, inside)
     else:
         free = inside  # entries not taken yet (padding never)
+    slots = tl.arange(0, K_PAD)
+    picks = tl.zeros([K_PAD], tl.int64)
     for j in tl.static_range(K):
         if PACKED:  # the largest key: the largest value at its smallest index
             top = tl.max(keys, axis=0)
@@ -171,17 +173,22 @@ def _topk_rows_kernel(x_ptr, src_ptr, v_ptr, i_ptr, stat_ptr, map_ptr, n, width,
             best = tl.max(tl.where(free, x, float("-inf")), axis=0)
             at = tl.min(tl.where(free & (x == best), offs, n + BLOCK), axis=0)
         tl.store(v_ptr + out + j, (best - shift).to(v_ptr.dtype.element_ty))
-        if GATHER:
-            index = tl.load(src_ptr + row * n + at)
+        if MAP:  # kept in registers: mapped by one vector read after the loop, not a dependent read per pick
+            picks = tl.where(slots == j, at.to(tl.int64), picks)
         else:
-            index = at.to(tl.int64)
-        if MAP:
-            index = tl.load(map_ptr + index).to(tl.int64)
-        tl.store(i_ptr + out + j, index)
+            if GATHER:
+                index = tl.load(src_ptr + row * n + at)
+            else:
+                index = at.to(tl.int64)
+            tl.store(i_ptr + out + j, index)
         if PACKED:
             keys = tl.where(offs == at, -0x7FFFFFFFFFFFFFFF - 1, keys)
         else:
             free = free & (offs != at)
+    if MAP:
+        if GATHER:
+            picks = tl.load(src_ptr + row * n + picks, mask=slots < K, other=0)
+        tl.store(i_ptr + out + slots, tl.load(map_ptr + picks, mask=slots < K, other=0).to(tl.int64), mask=slots < K)
 
 
 @jit
@@ -222,6 +229,7 @@ def _topk_launch(rows: torch.Tensor, k: int, src: torch.Tensor | None = None, *,
                                        index_map if mapped else indices, n, width, rows.stride(0), n_stats, K=k,
                                        BLOCK=block, GATHER=src is not None, STATS=keep, LSE=apply, MERGE=n_stats > 0,
                                        BLOCK_C=next_pow2(max(n_stats, 1)), PACKED=packed, MAP=mapped,
+                                       K_PAD=next_pow2(k) if mapped else 1,
                                        num_warps=8 if block >= 4096 else 4, **pdl_launch())
     return values, indices, new_stats if keep else stats
 
