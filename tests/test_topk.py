@@ -155,6 +155,25 @@ def test_the_dynamic_tree_on_the_kernel_equals_it_on_the_reference(device, ties)
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,k", [((10, 300), 10), ((3, 8192), 10), ((2, 5, 37), 7), ((1, 4097), 1)])
+def test_an_index_map_is_read_by_the_last_launch(device, shape, k):
+    """``index_map``: the ids come out as ``index_map[indices]`` (a draft vocabulary's target ids), from one launch
+    or from the merge of chunks (8192: two launches), values unchanged; a map of the wrong length is refused."""
+    x = _rows(shape, seed=shape[-1] + 3 * k, device=device) * 4
+    index_map = torch.randperm(5 * shape[-1], generator=torch.Generator().manual_seed(1))[:shape[-1]].to(device)
+    with kernel_mode("triton"):
+        values, ids = log_softmax_topk(x, k, index_map=index_map)
+        plain_values, indices = log_softmax_topk(x, k)
+    ref_values, ref_ids = log_softmax_topk_ref(x, k, index_map=index_map)
+    assert ids.dtype == torch.long and torch.equal(ids, index_map[indices]) and torch.equal(ids, ref_ids)
+    assert torch.equal(values, plain_values)
+    torch.testing.assert_close(values, ref_values, atol=2e-5, rtol=1e-6)
+    with pytest.raises(ValueError, match="index_map must be an int32/int64 vector of the row length"):
+        log_softmax_topk(x, k, index_map=index_map[:-1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
 def test_the_dynamic_tree_reads_a_vocab_map_inside_its_top_k(device):
     """A draft vocabulary as a :class:`VocabMap` (read by the top-k's launch) gives the tree a function map gives."""
     from specdec.trees import VocabMap
