@@ -37,7 +37,7 @@ def case(name, H, S, M, live, tree, kv_end, grid):
     end = torch.tensor([live], device=dev) if kv_end else None
     ref = tree_attention_ref(qs[0], ks[0], vs[0], mask, kv_end=end)
 
-    def bench(**cfg):
+    def bench(**cfg):  # fused_merge=None: the library's default (session 44 passes it)
         err = (_tree_attention_triton(qs[0], ks[0], vs[0], mask, None, kv_end=end, **cfg).float()
                - ref.float()).abs().max().item()
         us = captured_time_us(lambda: [_tree_attention_triton(qs[i], ks[i], vs[i], mask, None, kv_end=end, **cfg)
@@ -46,9 +46,10 @@ def case(name, H, S, M, live, tree, kv_end, grid):
 
     rows = [(*bench(), "plan", tree_attention_launch(H, M, S, 128))]
     for cfg in grid:
-        bm, ns, ts, w, st = cfg
+        bm, ns, ts, w, st, *fused = cfg  # session 44: a sixth field, the merge fused or not
         try:
-            us, err = bench(block_m=bm, num_splits=ns, tile_s=ts, num_warps=w, num_stages=st)
+            us, err = bench(block_m=bm, num_splits=ns, tile_s=ts, num_warps=w, num_stages=st,
+                            **({"fused_merge": fused[0]} if fused else {}))
         except Exception as exc:  # noqa: BLE001
             print("  fail", cfg, type(exc).__name__, str(exc)[:80], flush=True)
             continue
@@ -62,11 +63,12 @@ def case(name, H, S, M, live, tree, kv_end, grid):
         if sub:
             print(f"   best with {ts}-key tiles: {sub[0][0]:.2f} us {sub[0][3]}", flush=True)
     results[name] = [dict(us=r[0], err=r[1], note=r[2], cfg=r[3]) for r in rows]
+    json.dump(results, open(out_path, "w"), indent=1)
     torch.cuda.empty_cache()
 
 
-case("verify, batch 1: 61 nodes, 573 live of 1216", 32, 1216, 64, 573, 61, True,
-     itertools.product((32, 64), (1, 2, 3), (64, 128, 256), (4, 8), (1, 2)))
-case("head level, batch 1: 10 nodes over a 1024-slot cache", 32, 1024, 10, 640, 50, False,
-     itertools.product((16,), (2, 4, 8), (64, 128, 256), (4, 8), (1, 2)))
-json.dump(results, open(out_path, "w"), indent=1)
+if __name__ == "__main__":
+    case("verify, batch 1: 61 nodes, 573 live of 1216", 32, 1216, 64, 573, 61, True,
+         itertools.product((32, 64), (1, 2, 3), (64, 128, 256), (4, 8), (1, 2)))
+    case("head level, batch 1: 10 nodes over a 1024-slot cache", 32, 1024, 10, 640, 50, False,
+         itertools.product((16,), (2, 4, 8), (64, 128, 256), (4, 8), (1, 2)))
