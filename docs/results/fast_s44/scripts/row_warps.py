@@ -35,6 +35,17 @@ kw = pdl_launch()
 
 
 @triton.jit
+def _silu_chunk(gu_ptr, row, s_in, inter, cols):
+    """``silu(gate) * up`` of the columns ``cols`` of ``row``, rounded to the dtype as the library rounds it,
+    returned in float32 (zeros past ``inter``)."""
+    gate = tl.load(gu_ptr + row * s_in + cols, mask=cols < inter, other=0.0)
+    up = tl.load(gu_ptr + row * s_in + inter + cols, mask=cols < inter, other=0.0)
+    g = gate.to(tl.float32)
+    val = ((g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+    return val.to(tl.float32)
+
+
+@triton.jit
 def _silu_fp8_two_pass(gu_ptr, out_ptr, s_ptr, inter, s_in, s_out, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``row``: ``silu(gate) * up`` (rounded to the dtype) in chunks of ``BLOCK``: the largest magnitude in
     a first pass, the float8 codes in a second (the chunks recomputed)."""
@@ -43,21 +54,12 @@ def _silu_fp8_two_pass(gu_ptr, out_ptr, s_ptr, inter, s_in, s_out, BLOCK: tl.con
     offs = tl.arange(0, BLOCK)
     top = tl.zeros([BLOCK], tl.float32)
     for start in range(0, inter, BLOCK):
-        cols = start + offs
-        gate = tl.load(gu_ptr + row * s_in + cols, mask=cols < inter, other=0.0)
-        up = tl.load(gu_ptr + row * s_in + inter + cols, mask=cols < inter, other=0.0)
-        g = gate.to(tl.float32)
-        val = ((g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
-        top = tl.maximum(top, tl.abs(val.to(tl.float32)))
+        top = tl.maximum(top, tl.abs(_silu_chunk(gu_ptr, row, s_in, inter, start + offs)))
     inv = _row_scale(tl.max(top, axis=0), s_ptr + row)
     for start in range(0, inter, BLOCK):
         cols = start + offs
-        gate = tl.load(gu_ptr + row * s_in + cols, mask=cols < inter, other=0.0)
-        up = tl.load(gu_ptr + row * s_in + inter + cols, mask=cols < inter, other=0.0)
-        g = gate.to(tl.float32)
-        val = ((g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
-        tl.store(out_ptr + row * s_out + cols, _round_e4m3(val.to(tl.float32) * inv).to(out_ptr.dtype.element_ty),
-                 mask=cols < inter)
+        codes = _round_e4m3(_silu_chunk(gu_ptr, row, s_in, inter, cols) * inv)
+        tl.store(out_ptr + row * s_out + cols, codes.to(out_ptr.dtype.element_ty), mask=cols < inter)
 
 
 def silu(nw):
