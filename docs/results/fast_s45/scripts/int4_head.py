@@ -35,13 +35,13 @@ GROUP = 128  # inputs per scale; a 256-input chunk is two groups, its low and hi
 
 def pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [N, K]`` (K a multiple of 256) -> codes ``[N, K / 2]`` uint8 (the chunk layout above) and the scales
-    ``[N, K / 128]`` float32 times 512 (what the kernel multiplies by)."""
+    ``[K / 128, N]`` float32 times 512 (what the kernel multiplies by; a group's scales contiguous)."""
     n, k = w.shape
     g = w.float().view(n, k // GROUP, GROUP)
     s = (g.abs().amax(-1) / 7).clamp_min(1e-12)
     c = (torch.round(g / s[..., None]).clamp(-8, 7) + 8).to(torch.uint8).view(n, k // 256, 2, 128)
     packed = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-    return packed, (s * 512).contiguous()
+    return packed, (s * 512).T.contiguous()
 
 
 def unpack_int4(packed: torch.Tensor, s512: torch.Tensor) -> torch.Tensor:
@@ -49,14 +49,59 @@ def unpack_int4(packed: torch.Tensor, s512: torch.Tensor) -> torch.Tensor:
     n = packed.shape[0]
     p = packed.view(n, -1, 128)
     c = torch.stack([p & 15, p >> 4], dim=2).reshape(n, -1).float() - 8
-    return (c.view(n, -1, GROUP) * (s512 / 512)[..., None]).reshape(n, -1)
+    return (c.view(n, -1, GROUP) * (s512.T / 512)[..., None]).reshape(n, -1)
 
 
 @triton.jit
-def _int4_kernel(q_ptr, xs_ptr, p_ptr, s_ptr, y_ptr, M, N, K, K_PER, stride_pn, stride_sn, stride_ys,
-                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+def _chunk_load(p_ptrs, x_ptrs, s_ptrs, g_ptrs, N, n_in, m_in, left, SUMS: tl.constexpr):
+    """One 256-input chunk's operands: the code bytes ``[BLOCK_N, 128]``, the two halves of the float8 rows
+    ``[128, BLOCK_M]``, the two groups' scales ``[BLOCK_N]`` and (``SUMS``) the rows' group sums ``[BLOCK_M]``."""
+    n_in = n_in & (n_in.to(tl.int32) * 0 + left > 0)  # ``left``: chunks from this one on; none: nothing loaded
+    m_in = m_in & (m_in.to(tl.int32) * 0 + left > 0)
+    p = tl.load(p_ptrs, mask=n_in[:, None], other=0)
+    x_lo = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
+    x_hi = tl.load(x_ptrs + 128, mask=m_in[None, :], other=0.0)
+    s_lo = tl.load(s_ptrs, mask=n_in, other=0.0)
+    s_hi = tl.load(s_ptrs + N, mask=n_in, other=0.0)
+    if SUMS:
+        g_lo = tl.load(g_ptrs, mask=m_in, other=0.0)
+        g_hi = tl.load(g_ptrs + 1, mask=m_in, other=0.0)
+    else:
+        g_lo = tl.sum(x_lo.to(tl.float32), axis=0) * (1.0 / 64.0)
+        g_hi = tl.sum(x_hi.to(tl.float32), axis=0) * (1.0 / 64.0)
+    return p, x_lo, x_hi, s_lo, s_hi, g_lo, g_hi
+
+
+@triton.jit
+def _nibbles(p, ASM: tl.constexpr):
+    """The code bytes ``p`` split into their low and high halves, each read as float8 (``c * 2^-9``). ``ASM``: on
+    four bytes at a time (one 32-bit mask, one shift and mask), not byte by byte."""
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; and.b32 $0, $2, 0x0F0F0F0F; shr.b32 t, $2, 4; and.b32 $1, t, 0x0F0F0F0F; }",
+            "=r,=r,r", [p], dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
+    else:
+        lo = p & 15
+        hi = p >> 4
+    return lo.to(tl.float8e4nv, bitcast=True), hi.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _chunk_acc(acc, p, x_lo, x_hi, s_lo, s_hi, g_lo, g_hi, ASM: tl.constexpr):
+    lo, hi = _nibbles(p, ASM)
+    d_lo = tl.dot(lo, x_lo)
+    d_hi = tl.dot(hi, x_hi)
+    return acc + s_lo[:, None] * (d_lo - g_lo[None, :]) + s_hi[:, None] * (d_hi - g_hi[None, :])
+
+
+@triton.jit
+def _int4_kernel(q_ptr, xs_ptr, p_ptr, s_ptr, g_ptr, y_ptr, M, N, K, K_PER, HALF_PER, stride_pn, stride_ys,
+                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, AHEAD: tl.constexpr,
+                 SUMS: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: ``y[m, n] = xs[m] * sum_k q[m, k] w[n, k]`` over split ``pid_k`` of ``K``
-    (float32 partials when ``SPLIT > 1``)."""
+    (float32 partials when ``SPLIT > 1``). ``AHEAD`` chunks' loads are issued before a chunk's product (0: the
+    compiler's pipelining alone); ``SUMS``: the rows' per-group sums / 64 read from ``g [M, K / 128]``, not summed
+    here."""
     pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -65,26 +110,41 @@ def _int4_kernel(q_ptr, xs_ptr, p_ptr, s_ptr, y_ptr, M, N, K, K_PER, stride_pn, 
     n_in, m_in = n < N, m < M
     jj = tl.arange(0, 128)
     k0 = pid_k * K_PER
-    p_ptrs = p_ptr + n[:, None].to(tl.int64) * stride_pn + (k0 // 2 + jj)[None, :]
+    G = K // 128
+    p_ptrs = p_ptr + n[:, None].to(tl.int64) * stride_pn + (pid_k * HALF_PER + jj)[None, :]
     x_ptrs = q_ptr + m[None, :].to(tl.int64) * K + (k0 + jj)[:, None]
-    s_ptrs = s_ptr + n.to(tl.int64) * stride_sn + k0 // 128
+    s_ptrs = s_ptr + (k0 // 128) * N + n
+    g_ptrs = g_ptr + m * G + k0 // 128
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(0, K_PER, 256):
-        p = tl.load(p_ptrs, mask=n_in[:, None], other=0)
-        x_lo = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
-        x_hi = tl.load(x_ptrs + 128, mask=m_in[None, :], other=0.0)
-        s_lo = tl.load(s_ptrs, mask=n_in, other=0.0)
-        s_hi = tl.load(s_ptrs + 1, mask=n_in, other=0.0)
-        lo = (p & 15).to(tl.float8e4nv, bitcast=True)
-        hi = (p >> 4).to(tl.float8e4nv, bitcast=True)
-        d_lo = tl.dot(lo, x_lo)
-        d_hi = tl.dot(hi, x_hi)
-        sum_lo = tl.sum(x_lo.to(tl.float32), axis=0) * (1.0 / 64.0)
-        sum_hi = tl.sum(x_hi.to(tl.float32), axis=0) * (1.0 / 64.0)
-        acc += s_lo[:, None] * (d_lo - sum_lo[None, :]) + s_hi[:, None] * (d_hi - sum_hi[None, :])
-        p_ptrs += 128
-        x_ptrs += 256
-        s_ptrs += 2
+    chunks = K_PER // 256
+    if AHEAD == 0:
+        for _ in range(0, chunks):
+            p, xl, xh, sl, sh, gl, gh = _chunk_load(p_ptrs, x_ptrs, s_ptrs, g_ptrs, N, n_in, m_in, chunks, SUMS)
+            acc = _chunk_acc(acc, p, xl, xh, sl, sh, gl, gh, ASM)
+            p_ptrs += 128
+            x_ptrs += 256
+            s_ptrs += 2 * N
+            g_ptrs += 2
+    else:
+        p, xl, xh, sl, sh, gl, gh = _chunk_load(p_ptrs, x_ptrs, s_ptrs, g_ptrs, N, n_in, m_in, chunks, SUMS)
+        if AHEAD == 2:
+            p2, xl2, xh2, sl2, sh2, gl2, gh2 = _chunk_load(p_ptrs + 128, x_ptrs + 256, s_ptrs + 2 * N, g_ptrs + 2,
+                                                           N, n_in, m_in, chunks - 1, SUMS)
+        for i in range(0, chunks):
+            nxt = i + AHEAD
+            p3, xl3, xh3, sl3, sh3, gl3, gh3 = _chunk_load(p_ptrs + AHEAD * 128, x_ptrs + AHEAD * 256,
+                                                           s_ptrs + AHEAD * 2 * N, g_ptrs + AHEAD * 2, N, n_in, m_in,
+                                                           chunks - nxt, SUMS)
+            acc = _chunk_acc(acc, p, xl, xh, sl, sh, gl, gh, ASM)
+            if AHEAD == 2:
+                p, xl, xh, sl, sh, gl, gh = p2, xl2, xh2, sl2, sh2, gl2, gh2
+                p2, xl2, xh2, sl2, sh2, gl2, gh2 = p3, xl3, xh3, sl3, sh3, gl3, gh3
+            else:
+                p, xl, xh, sl, sh, gl, gh = p3, xl3, xh3, sl3, sh3, gl3, gh3
+            p_ptrs += 128
+            x_ptrs += 256
+            s_ptrs += 2 * N
+            g_ptrs += 2
     acc = acc * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
     out = n_in[:, None] & m_in[None, :]
     if SPLIT == 1:
@@ -93,9 +153,17 @@ def _int4_kernel(q_ptr, xs_ptr, p_ptr, s_ptr, y_ptr, M, N, K, K_PER, stride_pn, 
         tl.store(y_ptr + pid_k * stride_ys + m[None, :] * N + n[:, None], acc, mask=out)
 
 
-def int4_product(q, xs, packed, s512, dtype, cfg=(64, 1, 4, 3)) -> torch.Tensor:
-    """``[rows, N]``: the float8 rows ``q [rows, K]`` (scales ``xs``) times the 4-bit weights."""
-    block_n, split, warps, stages = cfg
+def group_sums(q: torch.Tensor) -> torch.Tensor:
+    """``[rows, K / 128]`` float32: each row's float8 codes summed per group, over 64 (the kernel's ``SUMS``)."""
+    return (q.float().view(q.shape[0], -1, GROUP).sum(-1) / 64).contiguous()
+
+
+def int4_product(q, xs, packed, s512, dtype, cfg=(64, 1, 4, 3, 0), sums=None, asm=None) -> torch.Tensor:
+    """``[rows, N]``: the float8 rows ``q [rows, K]`` (scales ``xs``) times the 4-bit weights; ``cfg`` is
+    ``(BLOCK_N, SPLIT, num_warps, num_stages, AHEAD)``; ``sums`` the rows' :func:`group_sums` (else summed in the
+    kernel)."""
+    block_n, split, warps, stages, ahead = cfg
+    asm = q.is_cuda if asm is None else asm  # inline PTX on the GPU (the interpreter runs the plain ops)
     rows, k = q.shape
     n = packed.shape[0]
     y = torch.empty(rows, n, dtype=dtype, device=q.device)
@@ -103,9 +171,10 @@ def int4_product(q, xs, packed, s512, dtype, cfg=(64, 1, 4, 3)) -> torch.Tensor:
     assert k_per % 256 == 0, (k, split)
     target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=q.device)
     _int4_kernel[(triton.cdiv(n, block_n), split)](
-        q, xs, packed, s512, target, rows, n, k, k_per, packed.stride(0), s512.stride(0), rows * n,
-        SPLIT=split, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, num_warps=warps,
-        num_stages=stages, **pdl_launch())
+        q, xs, packed, s512, sums if sums is not None else xs, target, rows, n, k, k_per, k_per // 2,
+        packed.stride(0), rows * n,
+        SPLIT=split, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, AHEAD=ahead,
+        SUMS=sums is not None, ASM=asm, num_warps=warps, num_stages=stages, **pdl_launch())
     if split > 1:
         _skinny_reduce_kernel[(triton.cdiv(rows * n, 1024),)](target, s512, y, rows * n, n, rows * n, HAS_BIAS=False,
                                                               SPLIT=split, BLOCK=1024, num_warps=4, **pdl_launch())
@@ -117,16 +186,16 @@ def check(dev: str, shapes) -> float:
     output's largest magnitude."""
     worst = 0.0
     gen = torch.Generator(device=dev).manual_seed(0)
-    for (n, k), rows, cfg in shapes:
+    for (n, k), rows, cfg, use_sums in shapes:
         w = torch.randn(n, k, device=dev, generator=gen) * 0.02
         packed, s512 = pack_int4(w)
         x = torch.randn(rows, k, device=dev, generator=gen).to(torch.bfloat16)
         q, xs = quantize_fp8_rows(x)
-        y = int4_product(q, xs, packed, s512, torch.float32, cfg)
+        y = int4_product(q, xs, packed, s512, torch.float32, cfg, group_sums(q) if use_sums else None)
         ref = (q.double() * xs.double()[:, None]) @ unpack_int4(packed, s512).double().T
         err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
         rel_w = ((unpack_int4(packed, s512) - w).norm() / w.norm()).item()
-        print(f"check {n}x{k} rows {rows} cfg {cfg}: max err / max |y| {err:.2e} (weights' rounding "
+        print(f"check {n}x{k} rows {rows} cfg {cfg} sums {use_sums}: max err / max |y| {err:.2e} (weights' rounding "
               f"{rel_w:.3f} of their norm)", flush=True)
         worst = max(worst, err)
     return worst
@@ -147,15 +216,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[10, 7])
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        worst = check("cpu", [((256, 512), 10, (64, 1, 4, 3)), ((320, 1024), 7, (64, 2, 4, 3)),
-                              ((96, 256), 3, (32, 1, 4, 2))])
+        worst = check("cpu", [((128, 512), 4, (64, 1, 4, 3, 0), True), ((256, 512), 10, (64, 1, 4, 3, 0), False), ((320, 1024), 7, (64, 2, 4, 3, 1), True),
+                              ((96, 768), 3, (32, 1, 4, 2, 2), False), ((64, 256), 5, (64, 1, 4, 2, 2), True)])
         print("worst", worst)
         assert worst < 1e-5, worst
         return
     chain = _chain_tools()
     t0 = time.time()
-    worst = check("cuda", [((4096, 4096), 10, (64, 1, 4, 3)), ((8192, 4096), 7, (64, 2, 4, 3)),
-                           ((4096, 11008), 10, (128, 1, 8, 3))])
+    worst = check("cuda", [((4096, 4096), 10, (64, 1, 4, 3, 0), False), ((8192, 4096), 7, (64, 2, 4, 3, 1), True),
+                           ((4096, 11008), 10, (128, 1, 8, 3, 2), False), ((4096, 8192), 10, (64, 4, 4, 3, 2), True)])
     res = {"check_worst": worst}
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, (n, k) in chain.HEAD.items():
@@ -177,13 +246,15 @@ def main() -> None:
             row = {"base": chain.graph_us(run(None), 16),
                    "fp8": chain.graph_us(run(lambda q, s, i: _fp8_product(q, s, *ws8[i], None, torch.bfloat16, rows,
                                                                           n, k)), 16)}
-            for bn, split, stages in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5)):
+            sums = torch.zeros(rows, k // GROUP, device="cuda")  # the rows' group sums, made with the rows
+            pipes = [(st, 0) for st in (3, 4, 2, 5)] + [(1, 1), (1, 2)]  # (num_stages, AHEAD)
+            for (stages, ahead), bn, split, pre in itertools.product(pipes, (64, 128, 32), (1, 2, 4), (True, False)):
                 if time.time() - t0 > args.deadline or (k // split) % 256:
                     continue
-                cfg = (bn, split, 8 if bn == 128 else 4, stages)
+                cfg = (bn, split, 8 if bn == 128 else 4, stages, ahead)
                 try:
-                    row[str(cfg)] = chain.graph_us(run(lambda q, s, i, c=cfg: int4_product(q, s, *ws4[i],
-                                                                                           torch.bfloat16, c)), 16)
+                    row[str(cfg + (pre,))] = chain.graph_us(run(lambda q, s, i, c=cfg, g=sums if pre else None:
+                                                                int4_product(q, s, *ws4[i], torch.bfloat16, c, g)), 16)
                 except Exception as err:  # noqa: BLE001 - a configuration the compiler refuses
                     print(name, cfg, "failed", str(err)[:100], flush=True)
             sweep = {key: v for key, v in row.items() if key.startswith("(")}
