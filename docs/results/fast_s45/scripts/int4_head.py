@@ -216,7 +216,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[10, 7])
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        worst = check("cpu", [((128, 512), 4, (64, 1, 4, 3, 0), True), ((256, 512), 10, (64, 1, 4, 3, 0), False), ((320, 1024), 7, (64, 2, 4, 3, 1), True),
+        worst = check("cpu", [((128, 512), 4, (64, 1, 4, 3, 0), True),
+                              ((256, 512), 10, (64, 1, 4, 3, 0), False), ((320, 1024), 7, (64, 2, 4, 3, 1), True),
                               ((96, 768), 3, (32, 1, 4, 2, 2), False), ((64, 256), 5, (64, 1, 4, 2, 2), True)])
         print("worst", worst)
         assert worst < 1e-5, worst
