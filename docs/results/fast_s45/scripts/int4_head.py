@@ -109,11 +109,13 @@ def _chunk_acc(acc, p, x_lo, x_hi, s_lo, s_hi, g_lo, g_hi, ASM: tl.constexpr, SU
     d_lo = tl.dot(lo, x_lo)
     d_hi = tl.dot(hi, x_hi)
     if SUMS == 3:
-        return acc + s_lo[:, None] * d_lo + s_hi[:, None] * d_hi
-    if SUMS == 2:  # sum_k x_k / 64 for every output: a tile of 2^-6 (e4m3 0x08) times the rows
+        acc = acc + s_lo[:, None] * d_lo + s_hi[:, None] * d_hi
+    elif SUMS == 2:  # sum_k x_k / 64 for every output: a tile of 2^-6 (e4m3 0x08) times the rows
         sixty4th = tl.full(lo.shape, 8, tl.uint8).to(tl.float8e4nv, bitcast=True)
-        return acc + s_lo[:, None] * (d_lo - tl.dot(sixty4th, x_lo)) + s_hi[:, None] * (d_hi - tl.dot(sixty4th, x_hi))
-    return acc + s_lo[:, None] * (d_lo - g_lo[None, :]) + s_hi[:, None] * (d_hi - g_hi[None, :])
+        acc = acc + s_lo[:, None] * (d_lo - tl.dot(sixty4th, x_lo)) + s_hi[:, None] * (d_hi - tl.dot(sixty4th, x_hi))
+    else:
+        acc = acc + s_lo[:, None] * (d_lo - g_lo[None, :]) + s_hi[:, None] * (d_hi - g_hi[None, :])
+    return acc
 
 
 @triton.jit
