@@ -1,17 +1,22 @@
 """Session 45: can a 4-bit draft head halve the float8 head's product time? A prototype product for the 7B EAGLE
-head's six matrices at 10 rows (an EAGLE-2 level) and 7 (an update), against the library's float8 product.
+head's six matrices at 10 rows (an EAGLE-2 level), against the library's float8 product.
 
-The weights: 4-bit codes ``c`` in 0..15 with one float32 scale per 128 inputs of a row, ``w = (c - 8) * s`` (round to
-nearest, ``s = amax / 7`` per group). Two codes per byte: in each 256-input chunk of a row, byte ``j`` holds input
-``j`` in its low half and input ``128 + j`` in its high half, so a program splits a loaded ``[BLOCK_N, 128]`` byte
-tile into two ``[BLOCK_N, 128]`` code tiles with one mask and one shift and no interleaving. A code ``c`` in a byte
-read as e4m3 is exactly ``c * 2^-9`` (the codes 0-7 are e4m3's subnormals, 8-15 its first binade), so the tiles go
-into the float8 tensor cores as they are, against the rows rounded to float8 as the library's float8 head rounds
-them; per group, ``sum_k (c - 8) x_k = 512 * dot - 8 * sum_k x_k``, the scale stored times 512.
+The weights: 4-bit codes with one float32 scale per 128 inputs of a row (round to nearest, ``s = amax / 7``). Two
+codes per byte: in each 256-input chunk of a row, byte ``j`` holds input ``j`` in its low half and input ``128 + j``
+in its high half, so a program splits a loaded ``[BLOCK_N, 128]`` byte tile into two code tiles with one mask (or
+one shift and mask) and no interleaving. A code ``c`` in 0..15 read as an e4m3 byte is exactly ``c * 2^-9`` (0-7
+are e4m3's subnormals, 8-15 its first binade), so the tiles go into the float8 tensor cores as they are, against
+the rows rounded to float8 as the library's float8 head rounds them. The kernel's ``SUMS`` mode handles the sign:
+0-2 store ``v + 8`` and correct each group by the rows' sums (``sum_k (c - 8) x_k = 512 * dot - 8 * sum_k x_k``,
+the scale stored times 512), summed in the kernel (0), read from a precomputed ``[rows, K / 128]`` (1) or taken on
+the tensor cores as a product with a tile of ``2^-6`` (2); 3 stores sign-magnitude codes (the sign moved to the
+byte's top bit), no correction. Call A of session 45 ran an earlier version (``SUMS`` 0 / 1 only, and a byte offset
+that cost the loads their alignment); calls B and C this one.
 
-    python docs/results/fast_s45/scripts/int4_head.py OUT.json [--deadline 200]
+    python docs/results/fast_s45/scripts/int4_head.py OUT.json [--rows 10] [--deadline 220]
 
-On the CPU (``TRITON_INTERPRET=1``) it checks the kernel against the torch reference on small shapes and exits.
+On the CPU (``TRITON_INTERPRET=1``) it checks every mode against the float64 product of the rounded operands on
+small shapes and exits.
 """
 from __future__ import annotations
 

@@ -26,17 +26,22 @@ from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.recipes import eagle2  # noqa: E402
 
 
-def int4_weights_(head: nn.Module) -> nn.Module:
-    """Every ``nn.Linear`` weight of ``head`` replaced by its 4-bit rounding (inputs zero-padded to a multiple of
-    256 for the packing, the padding dropped again), in place."""
+def int4_weights_(head: nn.Module, group: int = 128) -> nn.Module:
+    """Every ``nn.Linear`` weight of ``head`` replaced by its 4-bit rounding, one scale per ``group`` inputs (inputs
+    zero-padded to a multiple of 256 for the packing, the padding dropped again), in place."""
     with torch.no_grad():
         for mod in head.modules():
             if type(mod) is nn.Linear:
                 w = mod.weight.float()
                 k = w.shape[1]
-                pad = -k % 256
-                wp = torch.nn.functional.pad(w, (0, pad))
-                mod.weight.copy_(unpack_int4(*pack_int4(wp))[:, :k].to(mod.weight.dtype))
+                wp = torch.nn.functional.pad(w, (0, -k % 256))
+                if group == 128:
+                    wq = unpack_int4(*pack_int4(wp))
+                else:  # the same rounding with smaller groups (simulated only)
+                    g = wp.view(wp.shape[0], -1, group)
+                    s = (g.abs().amax(-1, keepdim=True) / 7).clamp_min(1e-12)
+                    wq = (torch.round(g / s).clamp(-7, 7) * s).view_as(wp)
+                mod.weight.copy_(wq[:, :k].to(mod.weight.dtype))
     return head
 
 
@@ -49,8 +54,12 @@ def main() -> None:
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     head = load_eagle_head(head_dir, target).eval().requires_grad_(False)
     prompts = [json.loads(line)["prompt"] for line in open(prompts_path) if line.strip()][:n]
-    heads = {"as trained": head, "float8 (weights and rows)": quantize_fp8_(copy.deepcopy(head)),
-             "4-bit weights, 128 per scale": int4_weights_(copy.deepcopy(head))}
+    groups = [int(g) for g in os.environ.get("INT4_GROUPS", "128").split(",")]
+    heads = {"as trained": head, "float8 (weights and rows)": quantize_fp8_(copy.deepcopy(head))}
+    if os.environ.get("ONLY_INT4"):
+        heads = {}
+    for g in groups:
+        heads[f"4-bit weights, {g} per scale"] = int4_weights_(copy.deepcopy(head), g)
     out = {}
     for name, h in heads.items():
         emitted = steps = same = 0
