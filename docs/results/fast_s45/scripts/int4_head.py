@@ -132,13 +132,9 @@ def _int4_kernel(q_ptr, xs_ptr, p_ptr, s_ptr, g_ptr, y_ptr, M, N, K, K_PER, HALF
     compiler's pipelining alone); ``SUMS``: the rows' per-group sums / 64 read from ``g [M, K / 128]``, not summed
     here."""
     pdl_start(PDL)
-    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.arange(0, BLOCK_M)
-    n_in, m_in = n < N, m < M
-    jj = tl.arange(0, 128)
-    k0 = pid_k * K_PER
+    k0, n, m = pid_k * K_PER, tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_M)
+    n_in, m_in, jj = n < N, m < M, tl.arange(0, 128)
     G = K // 128
     p_ptrs = p_ptr + n[:, None].to(tl.int64) * stride_pn + (pid_k * HALF_PER + jj)[None, :]
     x_ptrs = q_ptr + m[None, :].to(tl.int64) * K + (k0 + jj)[:, None]
@@ -285,15 +281,15 @@ def main() -> None:
                 if time.time() - t0 > args.deadline:
                     continue
                 cfg = (bn, split, 8 if bn == 128 else 4, stages, 0)
+                product = (lambda q, s, i, c=cfg, g=sums if mode == 1 else None, md=mode:
+                           int4_product(q, s, *(ws4s if md == 3 else ws4)[i], torch.bfloat16, c, g, mode=md))
                 try:
-                    row[str(cfg[:4] + (mode,))] = chain.graph_us(run(
-                        lambda q, s, i, c=cfg, g=sums if mode == 1 else None, md=mode:
-                        int4_product(q, s, *(ws4s if md == 3 else ws4)[i], torch.bfloat16, c, g, mode=md)), 16)
+                    row[str(cfg[:4] + (mode,))] = chain.graph_us(run(product), 16)
                 except Exception as err:  # noqa: BLE001 - a configuration the compiler refuses
                     print(name, cfg, "failed", str(err)[:100], flush=True)
-            sweep = {key: v for key, v in row.items() if key.startswith("(")}
-            best = min(sweep, key=sweep.get) if sweep else None
-            res[f"{name} {rows}"] = dict(row, best=best)
+            sweep = {key: row[key] for key in row if key[0] == "("}
+            best = min(sweep, key=sweep.get, default=None)
+            res[f"{name} {rows}"] = {**row, "best": best}
             net = lambda v: v - row["base"]  # noqa: E731
             print(f"{name:8s} rows {rows:2d}: base {row['base']:5.1f}  fp8 {net(row['fp8']):5.1f} us "
                   f"({n * k / net(row['fp8']) / 1e6:4.2f} TB/s)  int4 best {best} {net(sweep.get(best, 1e9)):5.1f} us "
