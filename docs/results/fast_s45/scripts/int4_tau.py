@@ -26,16 +26,34 @@ from specdec.nn import quantize_fp8_  # noqa: E402
 from specdec.recipes import eagle2  # noqa: E402
 
 
-def int4_weights_(head: nn.Module, group: int = 128) -> nn.Module:
+def mse_rounding(wp: torch.Tensor, group: int) -> torch.Tensor:
+    """``wp``'s 4-bit rounding with each group's scale chosen from ``amax / 7`` times 1.0, 0.95, ..., 0.6 to
+    minimise the group's squared error (the largest entries clipped), as a float tensor of ``wp``'s shape."""
+    g = wp.view(wp.shape[0], -1, group)
+    top = g.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 7
+    best, err = None, None
+    for ratio in [1.0 - 0.05 * i for i in range(9)]:
+        s = top * ratio
+        q = torch.round(g / s).clamp(-7, 7) * s
+        e = (q - g).pow(2).sum(-1, keepdim=True)
+        best = q if best is None else torch.where(e < err, q, best)
+        err = e if err is None else torch.minimum(e, err)
+    return best.view_as(wp)
+
+
+def int4_weights_(head: nn.Module, group: int = 128, mse: bool = False) -> nn.Module:
     """Every ``nn.Linear`` weight of ``head`` replaced by its 4-bit rounding, one scale per ``group`` inputs (inputs
-    zero-padded to a multiple of 256 for the packing, the padding dropped again), in place."""
+    zero-padded to a multiple of 256 for the packing, the padding dropped again), in place; ``mse``: each group's
+    scale chosen by :func:`mse_rounding`."""
     with torch.no_grad():
         for mod in head.modules():
             if type(mod) is nn.Linear:
                 w = mod.weight.float()
                 k = w.shape[1]
                 wp = torch.nn.functional.pad(w, (0, -k % 256))
-                if group == 128:
+                if mse:
+                    wq = mse_rounding(wp, group)
+                elif group == 128:
                     wq = unpack_int4(*pack_int4(wp))
                 else:  # the same rounding with smaller groups (simulated only)
                     g = wp.view(wp.shape[0], -1, group)
@@ -54,12 +72,14 @@ def main() -> None:
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     head = load_eagle_head(head_dir, target).eval().requires_grad_(False)
     prompts = [json.loads(line)["prompt"] for line in open(prompts_path) if line.strip()][:n]
-    groups = [int(g) for g in os.environ.get("INT4_GROUPS", "128").split(",")]
+    groups = [int(g) for g in os.environ.get("INT4_GROUPS", "128").split(",") if g]
     heads = {"as trained": head, "float8 (weights and rows)": quantize_fp8_(copy.deepcopy(head))}
     if os.environ.get("ONLY_INT4"):
         heads = {}
     for g in groups:
         heads[f"4-bit weights, {g} per scale"] = int4_weights_(copy.deepcopy(head), g)
+    for g in [int(g) for g in os.environ.get("INT4_MSE_GROUPS", "").split(",") if g]:
+        heads[f"4-bit weights, {g} per scale, MSE scales"] = int4_weights_(copy.deepcopy(head), g, mse=True)
     out = {}
     for name, h in heads.items():
         emitted = steps = same = 0
