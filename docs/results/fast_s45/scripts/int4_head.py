@@ -129,8 +129,8 @@ def _int4_kernel(q_ptr, xs_ptr, p_ptr, s_ptr, g_ptr, y_ptr, M, N, K, K_PER, HALF
                  SUMS: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: ``y[m, n] = xs[m] * sum_k q[m, k] w[n, k]`` over split ``pid_k`` of ``K``
     (float32 partials when ``SPLIT > 1``). ``AHEAD`` chunks' loads are issued before a chunk's product (0: the
-    compiler's pipelining alone); ``SUMS``: the rows' per-group sums / 64 read from ``g [M, K / 128]``, not summed
-    here."""
+    compiler's pipelining alone); ``SUMS``: the sign's handling (the module's modes 0-3; mode 1 reads the rows'
+    per-group sums / 64 from ``g [M, K / 128]``)."""
     pdl_start(PDL)
     pid_k = tl.program_id(1)
     k0, n, m = pid_k * K_PER, tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_M)
@@ -185,8 +185,8 @@ def group_sums(q: torch.Tensor) -> torch.Tensor:
 
 def int4_product(q, xs, packed, s512, dtype, cfg=(64, 1, 4, 3, 0), sums=None, asm=None, mode=None) -> torch.Tensor:
     """``[rows, N]``: the float8 rows ``q [rows, K]`` (scales ``xs``) times the 4-bit weights; ``cfg`` is
-    ``(BLOCK_N, SPLIT, num_warps, num_stages, AHEAD)``; ``sums`` the rows' :func:`group_sums` (else summed in the
-    kernel)."""
+    ``(BLOCK_N, SPLIT, num_warps, num_stages, AHEAD)``; ``mode`` the kernel's ``SUMS`` (default: 1 when the rows'
+    :func:`group_sums` are given as ``sums``, else 0); ``asm``: split the codes in inline PTX (default: on CUDA)."""
     block_n, split, warps, stages, ahead = cfg
     asm = q.is_cuda if asm is None else asm  # inline PTX on the GPU (the interpreter runs the plain ops)
     rows, k = q.shape
