@@ -22,7 +22,9 @@ Batch 1, methods interleaved per prompt after ``--warmup`` untimed prompts:
   also their chains of K levels, and with ``--prefetch-rows`` rows with ``GraphedDrafter.prefetch`` on, the next
   draft replayed inside the update's graph); with ``--fp8-heads``
   also ``specdec fast EAGLE-2 float8`` / ``EAGLE-3 float8``: a copy of the head with its linears rounded to float8
-  (:func:`specdec.nn.quantize_fp8_`; lossless, tau may change).
+  (:func:`specdec.nn.quantize_fp8_`; lossless, tau may change); with ``--int4-heads G ..`` also
+  ``specdec fast EAGLE-2 int4 gG`` / ``EAGLE-3 int4 gG``: the head on 4-bit weights, ``G`` inputs per scale
+  (:func:`specdec.nn.quantize_int4_`; lossless, tau may change more).
 
 Per method: tokens/s, speedup against HF vanilla, ratio against gpt-fast vanilla, tau (tokens per target forward),
 and the share of prompts whose output equals gpt-fast vanilla's and HF vanilla's. Then batch 4 and 16 (left-padded
@@ -65,7 +67,7 @@ import specdec as sd  # noqa: E402
 from specdec.bench import left_pad, no_gc  # noqa: E402
 from specdec.drafters import DraftModelDrafter, PromptLookupDrafter  # noqa: E402
 from specdec.kernels import pdl_enabled  # noqa: E402
-from specdec.nn import quantize_fp8_  # noqa: E402
+from specdec.nn import quantize_fp8_, quantize_int4_  # noqa: E402
 from specdec.static import capacity_for  # noqa: E402
 
 
@@ -285,6 +287,10 @@ def specdec_methods(target, draft, heads: dict, args, errors: dict) -> dict[str,
             makers[f"specdec fast {label} float8"] = (
                 lambda recipe=recipe, head=head: recipe(quantize_fp8_(copy.deepcopy(head).requires_grad_(False))),
                 True)
+        for group in (getattr(args, "int4_heads", None) or ()) if key in ("eagle2", "eagle3") else ():
+            makers[f"specdec fast {label} int4 g{group}"] = (
+                lambda recipe=recipe, head=head, group=group: recipe(
+                    quantize_int4_(copy.deepcopy(head).requires_grad_(False), group=group)), True)
         if key in ("peagle", "dflash", "dspark"):
             for k in getattr(args, "chain_k", None) or ():  # the same chain drafter asked for K = k levels a step
                 makers[f"specdec fast {label} chain K={k}"] = (lambda recipe=recipe, head=head: recipe(head), True, k)
@@ -673,6 +679,8 @@ def main(argv=None) -> dict:
                     help="also rows of P-EAGLE / DFlash / DSpark with GraphedDrafter.prefetch on")
     ap.add_argument("--fp8-heads", action="store_true",
                     help="also a row per EAGLE head rounded to float8 (specdec.nn.quantize_fp8_)")
+    ap.add_argument("--int4-heads", type=int, nargs="+", default=None, choices=(32, 64, 128),
+                    help="also a row per EAGLE head and group size on 4-bit weights (specdec.nn.quantize_int4_)")
     ap.add_argument("--out", default="runs/bench_fast")
     add_kernel_args(ap)
     args = ap.parse_args(argv)

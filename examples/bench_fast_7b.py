@@ -28,7 +28,9 @@ figure is the step's wall time):
 - ``fast_spec_fr``: ``fast_spec`` with the head's ``lm_head`` cut to ``--draft-vocab`` target ids
   (:meth:`~specdec.heads.Eagle1Head.restrict_vocab`, FR-Spec; lossless, the drafts may differ);
   ``fast_spec_fr8``: the same head with its linears and ``lm_head`` rounded to float8
-  (:func:`specdec.nn.quantize_fp8_`: half the bytes per head forward; lossless, the drafts may differ).
+  (:func:`specdec.nn.quantize_fp8_`: half the bytes per head forward; lossless, the drafts may differ);
+  ``fast_spec_fr4``: the same head on 4-bit weights, ``--int4-group`` inputs per scale
+  (:func:`specdec.nn.quantize_int4_`: a quarter of the bytes; lossless, the drafts differ more).
 
 ``--blas`` picks the BLAS library the captured steps take their GEMMs from (:func:`specdec.graphs.use_capture_blas`;
 default the library's, cuBLASLt); ``--skinny-rows`` the most rows a projection runs on the tensor-core skinny kernel
@@ -81,7 +83,7 @@ from specdec.graphs import (  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.kernels import pdl_enabled  # noqa: E402
 from specdec.kernels.tuning import linear_picks  # noqa: E402
-from specdec.nn import quantize_fp8_  # noqa: E402
+from specdec.nn import quantize_fp8_, quantize_int4_  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for, compiled_capture  # noqa: E402
 from specdec.step import prefill, step  # noqa: E402
 from specdec.trees.dynamic import DynamicTree  # noqa: E402
@@ -251,14 +253,14 @@ def measure(results: dict, name: str, make, *, warmup: int, reps: int, device: s
 COLUMNS = ["hf_eager", "eager_plain", "fast_plain", "fast_plain_cublas", "fast_plain_attn", "fast_plain_ops",
            "fast_plain_kernels",
            "fast_plain_compiled", "floor", "gptfast", "eager_spec", "fast_spec", "fast_spec_kernels",
-           "fast_spec_compiled", "fast_spec_fr", "fast_spec_fr8"]
+           "fast_spec_compiled", "fast_spec_fr", "fast_spec_fr8", "fast_spec_fr4"]
 
 
 def to_markdown(rows: dict, meta: dict) -> str:
     """The results as a Markdown table (ms per step; ratios last)."""
     head = ["batch"] + [f"{c} ms" for c in COLUMNS] + ["fast_plain / floor", "fast_spec / fast_plain",
                                                          "fast_spec_fr / fast_plain", "fast_spec_fr8 / fast_plain",
-                                                         "eager_plain / fast_plain"]
+                                                         "fast_spec_fr4 / fast_plain", "eager_plain / fast_plain"]
     lines = [f"{meta['shape_name']} shape, random weights, {meta['dtype']}, context {meta['context']}, "
              f"EAGLE-2 tree {TREE}; copy bandwidth {meta['bandwidth_TBps']:.2f} TB/s; "
              f"{meta.get('queued', 1)} step(s) queued per timed run; fast_spec_fr: draft vocabulary "
@@ -272,13 +274,13 @@ def to_markdown(rows: dict, meta: dict) -> str:
         cells = [str(batch)] + [f"{r[c]:.2f}" if r.get(c) else "-" for c in COLUMNS]
         cells += [ratio(r.get("fast_plain"), r.get("floor")), ratio(r.get("fast_spec"), r.get("fast_plain")),
                   ratio(r.get("fast_spec_fr"), r.get("fast_plain")), ratio(r.get("fast_spec_fr8"), r.get("fast_plain")),
-                  ratio(r.get("eager_plain"), r.get("fast_plain"))]
+                  ratio(r.get("fast_spec_fr4"), r.get("fast_plain")), ratio(r.get("eager_plain"), r.get("fast_plain"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torch.dtype, bandwidth: float,
-                fr_drafter=None, fr8_drafter=None) -> dict:
+                fr_drafter=None, fr8_drafter=None, fr4_drafter=None) -> dict:
     """Every measurement at one batch size (ms per step; ``errors`` holds what failed)."""
     r = {}
     shape = TINY if args.tiny else LLAMA2_7B
@@ -324,9 +326,10 @@ def bench_batch(model, head, drafter, batch: int, args, device: str, dtype: torc
     if fr_drafter is not None:  # FR-Spec: the head's lm_head over a subset of the vocabulary (lossless)
         measure(r, "fast_spec_fr", lambda: run_step(StaticAdapter(model, layers, capacity=capacity), ids,
                                                     fr_drafter, TREE["depth"], sync=False), **kw)
-    if fr8_drafter is not None:  # the FR-Spec head rounded to float8 (lossless)
-        measure(r, "fast_spec_fr8", lambda: run_step(StaticAdapter(model, layers, capacity=capacity), ids,
-                                                     fr8_drafter, TREE["depth"], sync=False), **kw)
+    for column, rounded in (("fast_spec_fr8", fr8_drafter), ("fast_spec_fr4", fr4_drafter)):
+        if rounded is not None:  # the FR-Spec head rounded to float8 / 4 bits (lossless)
+            measure(r, column, lambda rounded=rounded: run_step(StaticAdapter(model, layers, capacity=capacity), ids,
+                                                                rounded, TREE["depth"], sync=False), **kw)
     if args.compile and (args.compile_batches is None or batch in args.compile_batches):
         cap = compiled_capture(capture_graph if device == "cuda" else
                                (lambda fn, inputs: capture_graph_ref(fn, inputs, warmup=1)))
@@ -350,6 +353,8 @@ def main(argv=None):
                         help="steps queued back to back per timed run (1: each step alone from an idle device)")
     parser.add_argument("--draft-vocab", type=int, default=8192,
                         help="fast_spec_fr: the head drafts over this many target ids (FR-Spec; 0: skip the row)")
+    parser.add_argument("--int4-group", type=int, default=128, choices=(32, 64, 128),
+                        help="inputs per scale of fast_spec_fr4's 4-bit head (named in --only to run it)")
     parser.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/) to time gpt-fast too")
     parser.add_argument("--compile", action="store_true",
                         help="also time the fast path with torch.compile before capture (minutes of compiling)")
@@ -389,7 +394,7 @@ def main(argv=None):
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
     drafter = recipes.eagle2(head, **TREE)
-    fr_drafter = fr8_drafter = None
+    fr_drafter = fr8_drafter = fr4_drafter = None
     V = shape["vocab_size"]
     # the same head's weights, its lm_head cut to draft_vocab random ids (which ids does not change the time)
     kept = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:min(args.draft_vocab, V)].sort().values
@@ -401,11 +406,16 @@ def main(argv=None):
         fr8_head = Eagle1Head.from_target(model, draft_vocab=kept)
         fr8_head.load_state_dict(head.state_dict())
         fr8_drafter = recipes.eagle2(quantize_fp8_(fr8_head.eval().requires_grad_(False)), **TREE)
+    if args.draft_vocab and args.only and "fast_spec_fr4" in args.only:  # asked for by name only
+        fr4_head = Eagle1Head.from_target(model, draft_vocab=kept)
+        fr4_head.load_state_dict(head.state_dict())
+        fr4_drafter = recipes.eagle2(quantize_int4_(fr4_head.eval().requires_grad_(False), group=args.int4_group),
+                                     **TREE)
     rows = {}
     with decode_kernels(blas=args.blas, skinny_rows=args.skinny_rows, tune_linears=tune):
         for batch in args.batches:
             rows[batch] = bench_batch(model, head, drafter, batch, args, device, dtype, bandwidth, fr_drafter,
-                                      fr8_drafter)
+                                      fr8_drafter, fr4_drafter)
             print(f"batch {batch}: {json.dumps(rows[batch])}", flush=True)
     meta["linear_picks"] = {f"rows={key[2]} [{key[3]}, {key[4]}] {key[5]}": None if pick is None else list(pick)
                             for key, pick in linear_picks().items()}  # None: F.linear

@@ -5,7 +5,8 @@ constant read inside a kernel, a construct the code generator lacks). Such an er
 device machine. Here every kernel launch under the interpreter is recorded (:func:`install_recorder`: the kernel,
 its arguments' types, its constexprs and launch options), and at the end of the test session a few recorded
 variants of each kernel (one per combination of branch flags and float dtypes, at most :data:`PER_KERNEL`, and
-the smallest once more with programmatic dependent launch on, ``PDL=True``, a branch the interpreter never runs) are
+the smallest once more with programmatic dependent launch on, ``PDL=True``, and with inline PTX on, ``ASM=True``,
+branches the interpreter never runs) are
 compiled for an H100 / H200 (``sm_90``) in a child process without the interpreter (:func:`compile_specs`), where
 the kernels are real ``JITFunction`` s. A failure names the kernel and the compiler's message.
 
@@ -140,6 +141,8 @@ def select(specs: list[KernelSpec], per_kernel: int = PER_KERNEL) -> list[Kernel
         if n == 0 and spec.constexprs.get("PDL") is False:  # the interpreter never runs the PDL branch: compile it
             out.append(spec._replace(constexprs={**spec.constexprs, "PDL": True},
                                      options={**spec.options, "launch_pdl": True}))
+        if n == 0 and spec.constexprs.get("ASM") is False:  # nor a kernel's inline-PTX branch (GPU only)
+            out.append(spec._replace(constexprs={**spec.constexprs, "ASM": True}))
     return out
 
 

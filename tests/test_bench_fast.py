@@ -47,14 +47,16 @@ def test_quick_mode_times_every_specdec_row_and_writes_the_results(tmp_path):
     assert (tmp_path / "results.png").stat().st_size > 0
 
 
-def test_fp8_heads_add_a_lossless_row_per_eagle_head(tmp_path):
+def test_fp8_and_int4_heads_add_a_lossless_row_per_eagle_head(tmp_path):
     import bench_fast
 
     out = bench_fast.main(["--quick", "--num-prompts", "2", "--prompt-tokens", "24", "--max-new-tokens", "5",
-                           "--batches", "--warmup", "0", "--fp8-heads", "--only", "EAGLE", "--out", str(tmp_path)])
+                           "--batches", "--warmup", "0", "--fp8-heads", "--int4-heads", "32", "--only", "EAGLE",
+                           "--out", str(tmp_path)])
     assert out["errors"] == {}
     methods = [r["method"] for r in out["rows"]]
     assert "specdec fast EAGLE-2 float8" in methods and "specdec fast EAGLE-3 float8" in methods
+    assert "specdec fast EAGLE-2 int4 g32" in methods and "specdec fast EAGLE-3 int4 g32" in methods
     for r in out["rows"]:
         assert r["same_as_hf"] == 1.0, r  # float32 target: the rounded heads' drafts are verified as any
 

@@ -1,6 +1,9 @@
 """Float8 draft heads: the row rounding and the float8 linear against their references, the Fp8Linear module and
-quantize_fp8_, the fused inference path on float8 layers, and decoding that stays lossless with a rounded head."""
+quantize_fp8_, the fused inference path on float8 layers, and decoding that stays lossless with a rounded head (a
+float8 one and a 4-bit one, ``ROUNDINGS``)."""
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -26,13 +29,18 @@ from specdec.kernels.fp8 import (
     quantize_fp8_rows,
     quantize_fp8_rows_ref,
 )
-from specdec.nn import Fp8Linear, Fp8Weight, quantize_fp8_
+from specdec.nn import Fp8Linear, Fp8Weight, Int4Linear, quantize_fp8_, quantize_int4_
 from specdec.nn.inference import cat_linears, fused_linear, inference_linear
 from specdec.trees import DynamicTree
 
 needs_interpreter = pytest.mark.skipif(not (triton_available() and interpreter_enabled()),
                                        reason="the kernels on CPU tensors need the Triton interpreter")
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs CUDA + triton")
+
+#: The head roundings the decoding tests run: float8, and 4-bit at 32 inputs per scale (the tiny heads' widths).
+ROUNDINGS = [pytest.param(quantize_fp8_, id="fp8"),
+             pytest.param(functools.partial(quantize_int4_, group=32), id="int4")]
+_ROUNDED = (Fp8Linear, Int4Linear)
 
 
 def _spread(rows: int, k: int, seed: int) -> torch.Tensor:
@@ -174,7 +182,7 @@ def test_a_product_on_rows_rounded_already_equals_linear_fp8():
             torch.testing.assert_close(linear_fp8_rows(rows, w8, ws), linear_fp8_rows_ref(rows, w8, ws))
     with pytest.raises(ValueError, match="rows must be Fp8Rows"):
         linear_fp8_rows((rows.q, rows.scale), w8, ws)
-    with pytest.raises(ValueError, match="need a float8 weight"):
+    with pytest.raises(ValueError, match="need a float8 or 4-bit weight"):
         inference_linear(rows, torch.randn(24, 64))
     layer = Fp8Linear(torch.randn(24, 64, generator=g), b)
     torch.testing.assert_close(layer(rows), layer(x))
@@ -216,7 +224,7 @@ def test_quantize_replaces_the_linears_and_the_eagle1_lm_head(target):
 def test_fused_blocks_of_mixed_layers_are_refused_and_fp8_ones_concatenate(target):
     head = quantize_fp8_(_head(target), skip=("layers.0.self_attn.k_proj",))
     attn = head.layers[0].self_attn
-    with pytest.raises(ValueError, match="mix float8"):
+    with pytest.raises(ValueError, match="mix weight formats"):
         cat_linears((attn.q_proj, attn.k_proj))
     mlp = head.layers[0].mlp
     weight, bias = fused_linear(mlp, ("gate_proj", "up_proj"))
@@ -239,11 +247,12 @@ class _Spy(EagleDrafter):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("quantize", ROUNDINGS)
 @pytest.mark.parametrize("cls", [Eagle1Head, Eagle3Head])
-def test_the_fused_inference_path_drafts_as_the_modules_path_on_float8_layers(target, cls):
-    """The fused path (concatenated float8 projections, the kernels under the interpreter) and the modules as
-    written (Fp8Linear.forward on the references) draft the same tokens."""
-    head = quantize_fp8_(_head(target, cls))
+def test_the_fused_inference_path_drafts_as_the_modules_path_on_float8_layers(target, cls, quantize):
+    """The fused path (concatenated float8 / 4-bit projections, the kernels under the interpreter) and the modules
+    as written (Fp8Linear / Int4Linear.forward on the references) draft the same tokens."""
+    head = quantize(_head(target, cls))
     ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
     drafts, seqs = {}, {}
     for mode in ("torch", "triton"):
@@ -257,39 +266,42 @@ def test_the_fused_inference_path_drafts_as_the_modules_path_on_float8_layers(ta
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("quantize", ROUNDINGS)
 @pytest.mark.parametrize("fast", [False, True])
-def test_greedy_decoding_with_a_float8_head_is_lossless(target, fast):
+def test_greedy_decoding_with_a_float8_head_is_lossless(target, fast, quantize):
     ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(1))
     plain = generate(target, ids, max_new_tokens=16)
-    head = quantize_fp8_(_head(target))
+    head = quantize(_head(target))
     spec = generate(target, ids, drafter=EagleDrafter(head, DynamicTree(12, 3, 3)), max_new_tokens=16, fast=fast)
     assert torch.equal(spec.sequences, plain.sequences)
 
 
 @needs_interpreter
+@pytest.mark.parametrize("quantize", ROUNDINGS)
 @pytest.mark.parametrize("cls,recipe", [(DFlashHead, recipes.dflash), (DSparkHead, recipes.dspark)])
-def test_block_drafters_round_their_layers_and_the_shared_lm_head_and_stay_lossless(target, cls, recipe):
+def test_block_drafters_round_their_layers_and_the_shared_lm_head_and_stay_lossless(target, cls, recipe, quantize):
     head = cls.from_target(target, block_size=4, num_layers=1, seed=3).float().eval().requires_grad_(False)
     ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
     plain = generate(target, ids, max_new_tokens=8)
-    quantize_fp8_(head)
-    assert isinstance(head.lm_head_fp8, Fp8Linear) and not any(type(m) is torch.nn.Linear for m in head.modules())
+    quantize(head)
+    assert isinstance(head.lm_head_fp8, _ROUNDED) and not any(type(m) is torch.nn.Linear for m in head.modules())
     h = torch.randn(3, head.config.hidden_size)
-    torch.testing.assert_close(head.logits(h), linear_fp8_ref(h, *quantize_fp8_rows_ref(head.lm_head_weight)))
+    torch.testing.assert_close(head.logits(h), head.lm_head_fp8(h))
     for mode in ("torch", "triton"):
         with kernel_mode(mode):
             out = generate(target, ids, drafter=recipe(head), max_new_tokens=8)
         assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0
 
 
-def test_a_peagle_head_rounds_every_linear_and_stays_lossless(target):
+@pytest.mark.parametrize("quantize", ROUNDINGS)
+def test_a_peagle_head_rounds_every_linear_and_stays_lossless(target, quantize):
     head = PEagleHead.from_target(target, num_layers=1, max_drafts=4, feature_layers=(0, 1, 2)).float()
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0.0, 0.05)
     ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
     plain = generate(target, ids, max_new_tokens=8)
-    quantize_fp8_(head.eval().requires_grad_(False))
+    quantize(head.eval().requires_grad_(False))
     assert not any(type(m) is torch.nn.Linear for m in head.modules())
     out = generate(target, ids, drafter=recipes.peagle(head), max_new_tokens=8)
     assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0
@@ -337,28 +349,30 @@ def test_on_the_gpu_the_kernels_equal_the_references_and_replay_in_a_graph(rows,
 
 
 @needs_cuda
+@pytest.mark.parametrize("quantize", ROUNDINGS)
 @pytest.mark.parametrize("fast", [False, True])
-def test_on_the_gpu_a_float8_head_decodes_losslessly(fast):
-    """float32 target (greedy identity is exact there), the head's linears on the float8 kernels."""
+def test_on_the_gpu_a_float8_head_decodes_losslessly(fast, quantize):
+    """float32 target (greedy identity is exact there), the head's linears on the float8 / 4-bit kernels."""
     target = tiny_model("llama", layers=2, scale=4.0).cuda()
     ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(1)).cuda()
     plain = generate(target, ids, max_new_tokens=16)
-    head = quantize_fp8_(_head(target))
+    head = quantize(_head(target))
     spec = generate(target, ids, drafter=EagleDrafter(head, DynamicTree(12, 3, 3)), max_new_tokens=16, fast=fast)
     assert torch.equal(spec.sequences, plain.sequences) and sum(spec.stats.depth_tries) > 0
 
 
 @needs_cuda
+@pytest.mark.parametrize("quantize", ROUNDINGS)
 @pytest.mark.parametrize("cls,recipe", [(DFlashHead, recipes.dflash), (DSparkHead, recipes.dspark)])
 @pytest.mark.parametrize("fast", [False, True])
-def test_on_the_gpu_block_drafters_with_a_float8_lm_head_decode_losslessly(cls, recipe, fast):
+def test_on_the_gpu_block_drafters_with_a_float8_lm_head_decode_losslessly(cls, recipe, fast, quantize):
     """DFlash / DSpark rounded whole (their layers and the float8 copy of the target's lm_head, on the kernels):
     float32 target, greedy identity, eager and on the fast path."""
     target = tiny_model("llama", layers=2, scale=4.0).cuda()
     head = cls.from_target(target, block_size=4, num_layers=1, seed=3).float().eval().requires_grad_(False)
     ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4)).cuda()
     plain = generate(target, ids, max_new_tokens=12)
-    quantize_fp8_(head)
-    assert isinstance(head.lm_head_fp8, Fp8Linear)
+    quantize(head)
+    assert isinstance(head.lm_head_fp8, _ROUNDED)
     out = generate(target, ids, drafter=recipe(head), max_new_tokens=12, fast=fast)
     assert torch.equal(out.sequences, plain.sequences) and sum(out.stats.depth_tries) > 0

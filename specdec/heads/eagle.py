@@ -56,7 +56,7 @@ from ..nn import (
     uncached_attention,
     zero_linear,
 )
-from ..nn.fp8 import Fp8Linear
+from ..nn.fp8 import reads_fp8_rows
 from ..nn.inference import apply_linear, fused_inference, inference_linear
 from .common import target_dims, text_config
 
@@ -472,7 +472,7 @@ class Eagle1Head(_EagleHead):
 
     def _inputs(self, input_ids, hidden):
         if fused_inference(hidden):  # the embedding rows and the hidden states written side by side, one launch
-            rows = embed_concat(input_ids, self.embed_weight, hidden, fp8_out=isinstance(self.fc, Fp8Linear))
+            rows = embed_concat(input_ids, self.embed_weight, hidden, fp8_out=reads_fp8_rows(self.fc))
             return apply_linear(self.fc, rows), None
         e = self.embed(input_ids).to(hidden.dtype)
         return self.fc(torch.cat([e, hidden], dim=-1)), None
@@ -538,8 +538,8 @@ class Eagle1Head(_EagleHead):
             FR-Spec, Zhao et al., arXiv 2502.14856 (frequency-ranked draft vocabulary for EAGLE-2).
         """
         if self.lm_head_fp8 is not None:
-            raise ValueError("restrict_vocab: the head's lm_head is already rounded to float8 (quantize_fp8_); "
-                             "restrict the vocabulary first, then quantize")
+            raise ValueError("restrict_vocab: the head's lm_head is already rounded (quantize_fp8_ or "
+                             "quantize_int4_); restrict the vocabulary first, then quantize")
         if self.draft_ids is None:
             full_w, full_b = self.lm_head_weight, self.lm_head_bias
         else:

@@ -25,6 +25,8 @@ op                                          replaces                            
 :func:`linear_fp8`                          a draft head's linear on float8 weights   2 (3 with ``K`` split)
 :func:`quantize_fp8_rows`                   rows rounded to float8, one scale each    1
 :func:`linear_fp8_rows`                     ``linear_fp8`` on rows rounded already    1 (2 with ``K`` split)
+:func:`linear_int4`                         a draft head's linear on 4-bit weights    2 (3 with ``K`` split)
+:func:`linear_int4_rows`                    ``linear_int4`` on rows rounded already   1 (2 with ``K`` split)
 :func:`decode_attention`                    SDPA of one query per row (decode step)   2
 :func:`add_rms_norm`                        residual add + RMSNorm (fused decoder)    1
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
@@ -91,6 +93,17 @@ from .fp8 import (
                         quantize_fp8_rows_ref,
 )
 from .gemv import DECODER_GEMV_ROWS, GEMV_MAX_ROWS, gemv_config, linear_rows, linear_rows_ref
+from .int4 import (
+                        INT4_GROUPS,
+                        Int4Weight,
+                        int4_linear_config,
+                        linear_int4,
+                        linear_int4_ref,
+                        linear_int4_rows,
+                        linear_int4_rows_ref,
+                        pack_int4,
+                        unpack_int4,
+)
 from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
 from .ngram import (
                         NGRAM_BLOCK,
@@ -164,6 +177,8 @@ __all__ = [
     "tuned_linear_config", "linear_picks", "clear_linear_picks",
     "FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8", "linear_fp8",
     "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
+    "INT4_GROUPS", "Int4Weight", "pack_int4", "unpack_int4", "int4_linear_config", "linear_int4", "linear_int4_ref",
+    "linear_int4_rows", "linear_int4_rows_ref",
     "TREE_ATTENTION_MAX_M", "TREE_ATTENTION_PREFIX_MIN_ROWS_HEADS", "tree_attention", "tree_attention_launch",
     "tree_attention_plan", "tree_attention_ref", "tree_attention_shares_prefix", "tree_attention_split",
     "use_fused_tree_merge",

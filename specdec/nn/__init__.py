@@ -10,7 +10,8 @@
 - :mod:`specdec.nn.inference`: the blocks' fused inference path on CUDA (fused projections, the one-launch kernels
   of :mod:`specdec.kernels.decoder_ops`), :func:`use_fused_layers` to turn it off.
 - :mod:`specdec.nn.fp8`: :func:`quantize_fp8_` rounds a draft head's linears to float8 (:class:`Fp8Linear`;
-  inference only, lossless decoding, drafts may change).
+  inference only, lossless decoding, drafts may change); :mod:`specdec.nn.int4`: :func:`quantize_int4_` to 4-bit
+  weights (:class:`Int4Linear`; the same, a quarter of the bfloat16 head's bytes).
 - :mod:`specdec.nn.linear`: :func:`zero_linear`, the ``nn.Linear`` every block uses: built without drawing from
   the global RNG (its owner initialises it from its own generator).
 """
@@ -28,6 +29,7 @@ from .attention import (
 )
 from .fp8 import Fp8Linear, Fp8Weight, quantize_fp8_
 from .inference import use_fused_layers
+from .int4 import Int4Linear, quantize_int4_
 from .layers import DecoderConfig, DecoderLayer, FusedInputDecoderLayer, RMSNorm, SwiGLU
 from .linear import zero_linear
 from .rope import RotaryEmbedding, apply_rotary
@@ -38,5 +40,5 @@ __all__ = [
     "DecoderLayer",
     "FusedInputDecoderLayer",
     "RMSNorm", "SwiGLU", "RotaryEmbedding", "apply_rotary", "zero_linear", "use_fused_layers",
-    "Fp8Linear", "Fp8Weight", "quantize_fp8_",
+    "Fp8Linear", "Fp8Weight", "quantize_fp8_", "Int4Linear", "quantize_int4_",
 ]

@@ -21,6 +21,7 @@ References:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -28,7 +29,7 @@ from torch import nn
 
 from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8, quantize_fp8_rows
 
-__all__ = ["Fp8Weight", "Fp8Linear", "quantize_fp8_"]
+__all__ = ["Fp8Weight", "RoundedRowsLinear", "Fp8Linear", "quantize_fp8_", "reads_fp8_rows"]
 
 
 class Fp8Weight(NamedTuple):
@@ -43,7 +44,27 @@ class Fp8Weight(NamedTuple):
     scale: torch.Tensor
 
 
-class Fp8Linear(nn.Module):
+class RoundedRowsLinear(nn.Module):
+    """Base of the draft-head linears whose input rows are rounded to float8 before the product
+    (:class:`Fp8Linear`, :class:`~specdec.nn.Int4Linear`): a kernel that produces their input may hand them the
+    rows rounded already (:class:`~specdec.kernels.fp8.Fp8Rows`, its ``fp8_out``), and the fused inference path
+    concatenates such layers' stored bytes (:func:`specdec.nn.inference.cat_linears`)."""
+
+    in_features: int
+    out_features: int
+
+    def stored(self) -> tuple[torch.Tensor, ...]:
+        """The tensors that hold the weight (codes, scales), in a fixed order."""
+        raise NotImplementedError
+
+
+def reads_fp8_rows(layer: nn.Module) -> bool:
+    """Whether ``layer`` rounds its input rows to float8 (a :class:`RoundedRowsLinear`), so that its producer may
+    round them instead (``fp8_out=True``)."""
+    return isinstance(layer, RoundedRowsLinear)
+
+
+class Fp8Linear(RoundedRowsLinear):
     """``y = x @ (w8 * scale)^T + b`` with ``x``'s rows rounded to float8 (:func:`specdec.kernels.linear_fp8`),
     for inference (see the module).
 
@@ -78,6 +99,10 @@ class Fp8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
         """The layer ``linear`` rounded (same device; the bias kept in its dtype)."""
         return cls(linear.weight, linear.bias)
+
+    def stored(self) -> tuple[torch.Tensor, ...]:
+        """``(weight_codes, scale_bits)``."""
+        return self.weight_codes, self.scale_bits
 
     @property
     def fp8_weight(self) -> Fp8Weight:
@@ -121,27 +146,37 @@ def quantize_fp8_(module: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module
         >>> type(head[0]).__name__, type(head[2]).__name__
         ('Fp8Linear', 'Linear')
     """
+    return round_linears_(module, skip, "quantize_fp8_", "float8", Fp8Linear.from_linear,
+                          lambda sub: Fp8Linear(sub.lm_head_weight, getattr(sub, "lm_head_bias", None),
+                                                persistent=False))
+
+
+def round_linears_(module: nn.Module, skip: tuple[str, ...], op: str, what: str,
+                   make: Callable[[nn.Linear], nn.Module], make_lm_head: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """What :func:`quantize_fp8_` and :func:`specdec.nn.quantize_int4_` share: every ``nn.Linear`` of ``module`` not
+    named in ``skip`` replaced by ``make(linear)``, and every head's ``lm_head_fp8`` slot (a low-precision copy of
+    the target's ``lm_head`` it drafts through) set to ``make_lm_head(head)``; the same checks and errors (``op``
+    names the caller, ``what`` the format)."""
     linears = {name: sub for name, sub in module.named_modules() if type(sub) is nn.Linear}
     unknown = [name for name in skip if name not in linears]
     if unknown:
-        raise ValueError(f"quantize_fp8_: skip names no nn.Linear of the module: {unknown}; its linears are "
+        raise ValueError(f"{op}: skip names no nn.Linear of the module: {unknown}; its linears are "
                          f"{sorted(linears)[:12]}")
     if any(p.requires_grad for sub in linears.values() for p in sub.parameters()):
-        raise ValueError("quantize_fp8_: the linears still require gradients; float8 layers are for inference "
+        raise ValueError(f"{op}: the linears still require gradients; {what} layers are for inference "
                          "(call module.eval().requires_grad_(False) first, and train the unrounded head)")
     heads = [sub for sub in module.modules() if ("lm_head_fp8" in vars(sub) or "lm_head_fp8" in sub._modules)
              and getattr(sub, "lm_head_weight", None) is not None]
     if len(linears) == len(skip) and not heads:
-        raise ValueError(f"quantize_fp8_: {type(module).__name__} has no nn.Linear left to round and no lm_head "
-                         "slot, so nothing would change; float8 covers nn.Linear layers and the EAGLE-1 / DFlash / "
-                         "DSpark lm_head (a Medusa head's stacked projections are not nn.Linear: keep it in "
-                         "bfloat16)")
-    for name, sub in linears.items():
-        if name in skip:
-            continue
+        raise ValueError(f"{op}: {type(module).__name__} has no nn.Linear left to round and no lm_head slot, so "
+                         f"nothing would change; {what} covers nn.Linear layers and the EAGLE-1 / DFlash / DSpark "
+                         "lm_head (a Medusa head's stacked projections are not nn.Linear: keep it in bfloat16)")
+    made = {name: make(sub) for name, sub in linears.items() if name not in skip}  # every check before any change
+    lm_heads = [make_lm_head(sub) for sub in heads]
+    for name, layer in made.items():
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, Fp8Linear.from_linear(sub))
-    for sub in heads:
-        sub.lm_head_fp8 = Fp8Linear(sub.lm_head_weight, getattr(sub, "lm_head_bias", None), persistent=False)
+        setattr(parent, attr, layer)
+    for sub, layer in zip(heads, lm_heads):
+        sub.lm_head_fp8 = layer
     return module

@@ -15,7 +15,8 @@ GPU their launches and their passes over tiny tensors cost more than reading the
 - the projections of a forward of 2 to :func:`use_skinny_linear`'s rows (a draft tree's level, an update over the
   accepted tokens; bfloat16 / float16): :func:`specdec.kernels.linear_skinny` (:func:`inference_linear`);
 - float8 layers (:func:`specdec.nn.fp8.quantize_fp8_`): fused like the others (their codes and scales
-  concatenated), every row count on :func:`specdec.kernels.linear_fp8`.
+  concatenated), every row count on :func:`specdec.kernels.linear_fp8`; 4-bit layers
+  (:func:`specdec.nn.quantize_int4_`) likewise on :func:`specdec.kernels.linear_int4`.
 
 When: no gradient is being recorded, outside ``torch.compile`` (inductor fuses the plain ops itself), on CUDA
 tensors (or any tensors with :func:`specdec.kernels.kernel_mode` ``"triton"``, the interpreter's tests), and while
@@ -43,8 +44,10 @@ from torch import nn
 
 from ..kernels._dispatch import get_kernel_mode
 from ..kernels.fp8 import FP8_DTYPE, Fp8Rows, linear_fp8
+from ..kernels.int4 import Int4Weight, linear_int4
 from ..kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, SKINNY_MIN_ROWS, linear_skinny
-from .fp8 import Fp8Linear, Fp8Weight
+from .fp8 import Fp8Linear, Fp8Weight, RoundedRowsLinear
+from .int4 import Int4Linear
 
 __all__ = ["use_fused_layers", "fused_inference", "fused_linear", "cat_linears", "linear_versions",
            "use_skinny_linear", "inference_linear", "apply_linear"]
@@ -68,28 +71,34 @@ def use_skinny_linear(max_rows: int) -> int:
     return previous
 
 
-def inference_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor | Fp8Weight,
+def inference_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor | Fp8Weight | Int4Weight,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; on the fused inference path, for 2 to :func:`use_skinny_linear`'s rows,
     :func:`specdec.kernels.linear_skinny` (one streaming pass over ``weight`` on tensor cores). A float8 weight
     (:class:`~specdec.nn.fp8.Fp8Weight`) runs :func:`specdec.kernels.linear_fp8` whatever the rows, or
     :func:`specdec.kernels.linear_fp8_rows` when ``x`` comes rounded already (``Fp8Rows``, from a kernel's
-    ``fp8_out``).
+    ``fp8_out``). A 4-bit weight (:class:`~specdec.kernels.Int4Weight`) runs :func:`specdec.kernels.linear_int4`,
+    on rows as they are or rounded already.
 
     Args:
-        x: Shape ``[..., K]``, or :class:`~specdec.kernels.fp8.Fp8Rows` of that shape (with a float8 weight).
-        weight: Shape ``[N, K]``, or an :class:`~specdec.nn.fp8.Fp8Weight` of that shape.
+        x: Shape ``[..., K]``, or :class:`~specdec.kernels.fp8.Fp8Rows` of that shape (with a float8 or 4-bit
+            weight).
+        weight: Shape ``[N, K]``, or an :class:`~specdec.nn.fp8.Fp8Weight` / :class:`~specdec.kernels.Int4Weight`
+            of that shape.
         bias: Shape ``[N]`` or ``None``.
 
     Returns:
         Shape ``[..., N]``.
 
     Raises:
-        ValueError: ``Fp8Rows`` with a weight that is not float8.
+        ValueError: ``Fp8Rows`` with a weight that is neither float8 nor 4-bit.
     """
-    if isinstance(x, Fp8Rows) and not isinstance(weight, Fp8Weight):
-        raise ValueError("inference_linear: rows rounded to float8 (Fp8Rows) need a float8 weight (Fp8Weight); "
-                         "ask the producing kernel for fp8_out only when its consumer is float8")
+    if isinstance(x, Fp8Rows) and not isinstance(weight, (Fp8Weight, Int4Weight)):
+        raise ValueError("inference_linear: rows rounded to float8 (Fp8Rows) need a float8 or 4-bit weight "
+                         "(Fp8Weight, Int4Weight); ask the producing kernel for fp8_out only when its consumer "
+                         "rounds its rows (specdec.nn.fp8.reads_fp8_rows)")
+    if isinstance(weight, Int4Weight):
+        return linear_int4(x, weight, None if bias is None else bias.to(x.dtype))
     if isinstance(weight, Fp8Weight):  # rows as they are, or rounded already (Fp8Rows)
         return linear_fp8(x, weight.w8, weight.scale, None if bias is None else bias.to(x.dtype))
     rows = x.numel() // max(x.shape[-1], 1)
@@ -140,8 +149,8 @@ def fused_inference(x: torch.Tensor) -> bool:
 
 
 def _tensors(lin: nn.Module) -> tuple[torch.Tensor | None, ...]:
-    if isinstance(lin, Fp8Linear):
-        return lin.weight_codes, lin.scale_bits, lin.bias
+    if isinstance(lin, RoundedRowsLinear):
+        return *lin.stored(), lin.bias
     return lin.weight, lin.bias
 
 
@@ -159,7 +168,8 @@ def cat_linears(linears: tuple[nn.Linear, ...], out: tuple[torch.Tensor, torch.T
                 ) -> tuple[torch.Tensor | Fp8Weight, torch.Tensor | None]:
     """``[W_1; W_2; ...]`` and the biases (zeros where one is absent; ``None`` when none has one), as new tensors or
     copied into ``out`` (an earlier result: in place, so graphs captured on it stay valid). Float8 layers (all of
-    them :class:`~specdec.nn.fp8.Fp8Linear`) give an :class:`~specdec.nn.fp8.Fp8Weight` of the codes and scales.
+    them :class:`~specdec.nn.fp8.Fp8Linear`) give an :class:`~specdec.nn.fp8.Fp8Weight` of the codes and scales,
+    4-bit layers (all :class:`~specdec.nn.Int4Linear` of one group) an :class:`~specdec.kernels.Int4Weight`.
 
     Args:
         linears: ``nn.Linear`` s (or ``Fp8Linear`` s) with the same input width.
@@ -169,11 +179,19 @@ def cat_linears(linears: tuple[nn.Linear, ...], out: tuple[torch.Tensor, torch.T
         ``(weight, bias)``.
     """
     weight, bias = out if out is not None else (None, None)
-    kinds = {isinstance(lin, Fp8Linear) for lin in linears}
+    kinds = {(type(lin).__name__, getattr(lin, "group", None)) if isinstance(lin, RoundedRowsLinear) else "linear"
+             for lin in linears}
     if len(kinds) > 1:
-        raise ValueError("cat_linears: the layers mix float8 and unrounded weights; quantize all of them or none "
-                         "(quantize_fp8_'s skip names whole blocks' linears together)")
-    if kinds == {True}:
+        raise ValueError(f"cat_linears: the layers mix weight formats {sorted(map(str, kinds))}; round all of them "
+                         "alike or none (quantize_fp8_'s and quantize_int4_'s skip name whole blocks' linears "
+                         "together)")
+    if all(isinstance(lin, Int4Linear) for lin in linears):
+        codes = None if weight is None else weight.codes
+        scale = None if weight is None else weight.scales.view(torch.int32)
+        codes = torch.cat([lin.weight_codes for lin in linears], 0, out=codes)
+        scale = torch.cat([lin.scale_bits for lin in linears], 1, out=scale)
+        weight = Int4Weight(codes, scale.view(torch.float32), linears[0].group)
+    elif all(isinstance(lin, Fp8Linear) for lin in linears):
         w8 = None if weight is None else weight.w8.view(torch.uint8)
         scale = None if weight is None else weight.scale.view(torch.int32)
         w8 = torch.cat([lin.weight_codes for lin in linears], 0, out=w8)

@@ -34,7 +34,7 @@ from torch import nn
 from ..kernels.decoder_ops import add_rms_norm, silu_mul
 from ..kernels.fp8 import Fp8Rows
 from .attention import AttendFn, Attention
-from .fp8 import Fp8Linear
+from .fp8 import reads_fp8_rows
 from .inference import apply_linear, fused_inference, fused_linear, inference_linear
 from .linear import zero_linear
 
@@ -138,9 +138,10 @@ class SwiGLU(nn.Module):
 
     @property
     def fp8_input(self) -> bool:
-        """Whether ``[gate; up]`` is float8 (:func:`~specdec.nn.fp8.quantize_fp8_`), so that the MLP's input may come
-        rounded already (:meth:`RMSNorm.add_forward`'s ``fp8_out``)."""
-        return isinstance(self.gate_proj, Fp8Linear) and isinstance(self.up_proj, Fp8Linear)
+        """Whether ``[gate; up]`` rounds its rows to float8 (:func:`~specdec.nn.fp8.quantize_fp8_`,
+        :func:`~specdec.nn.quantize_int4_`), so that the MLP's input may come rounded already
+        (:meth:`RMSNorm.add_forward`'s ``fp8_out``)."""
+        return reads_fp8_rows(self.gate_proj) and reads_fp8_rows(self.up_proj)
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         """Apply the MLP.
@@ -154,7 +155,7 @@ class SwiGLU(nn.Module):
         """
         if isinstance(x, Fp8Rows) or fused_inference(x):  # a float8 down_proj reads SiLU-mul's rows rounded by it
             weight, bias = fused_linear(self, ("gate_proj", "up_proj"))
-            act = silu_mul(inference_linear(x, weight, bias), fp8_out=isinstance(self.down_proj, Fp8Linear))
+            act = silu_mul(inference_linear(x, weight, bias), fp8_out=reads_fp8_rows(self.down_proj))
             return apply_linear(self.down_proj, act)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
