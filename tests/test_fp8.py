@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import VOCAB, tiny_model
+from tiny_models import VOCAB, assert_replay_equals_a_call, tiny_model
 
 from specdec import recipes
 from specdec.drafters import EagleDrafter
@@ -334,18 +334,8 @@ def test_on_the_gpu_the_kernels_equal_the_references_and_replay_in_a_graph(rows,
     y = linear_fp8(x, w8, ws, b)
     torch.testing.assert_close(y.float(), linear_fp8_ref(x.float(), w8, ws, None if b is None else b.float()),
                                atol=2e-2, rtol=2e-2)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        linear_fp8(x, w8, ws, b)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = linear_fp8(x, w8, ws, b)
-    x.copy_(torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, linear_fp8(x, w8, ws, b))
+    assert_replay_equals_a_call(lambda: linear_fp8(x, w8, ws, b), x,
+                                torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))
 
 
 @needs_cuda

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_fp8 import _head
-from tiny_models import VOCAB, tiny_model
+from tiny_models import VOCAB, assert_replay_equals_a_call, tiny_model
 
 from specdec.kernels import (
     INT4_GROUPS,
@@ -196,15 +196,5 @@ def test_on_the_gpu_the_kernel_equals_the_reference_and_replays_in_a_graph(rows,
     q, s = quantize_fp8_rows(x)
     want = linear_int4_rows_ref(Fp8Rows(q, s, torch.float32), weight, None if b is None else b.float())
     torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=2e-2)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        linear_int4(x, weight, b)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = linear_int4(x, weight, b)
-    x.copy_(torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, linear_int4(x, weight, b))
+    assert_replay_equals_a_call(lambda: linear_int4(x, weight, b), x,
+                                torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))

@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import tiny_model
+from tiny_models import assert_replay_equals_a_call, tiny_model
 
 import specdec.nn.inference as inference
 from specdec.fused import FusedDecoder, decode_kernels, decode_settings
 from specdec.kernels import interpreter_enabled, kernel_mode, triton_available
 from specdec.kernels.skinny import (
-                                    SKINNY_DEFAULT_ROWS,
-                                    SKINNY_MAX_ROWS,
-                                    _linear_skinny_triton,
-                                    linear_skinny,
-                                    linear_skinny_ref,
-                                    skinny_config,
+    SKINNY_DEFAULT_ROWS,
+    SKINNY_MAX_ROWS,
+    _linear_skinny_triton,
+    linear_skinny,
+    linear_skinny_ref,
+    skinny_config,
 )
 from specdec.nn import SwiGLU
 from specdec.nn.inference import apply_linear, inference_linear, use_skinny_linear
@@ -169,15 +169,5 @@ def test_on_the_gpu_the_kernel_equals_f_linear_and_replays_in_a_graph(rows, n, k
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
     y = linear_skinny(x, w, b)
     torch.testing.assert_close(y.float(), want, atol=3e-2, rtol=2e-2)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        linear_skinny(x, w, b)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = linear_skinny(x, w, b)
-    x.copy_(torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, linear_skinny(x, w, b))  # the same kernels, the same sums
+    assert_replay_equals_a_call(lambda: linear_skinny(x, w, b), x,
+                                torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))

@@ -66,3 +66,21 @@ def random_forest(rng, batch: int, num_nodes: int, p_absent: float = 0.3) -> tor
                 present.append(i)
         rows.append(parents)
     return torch.tensor(rows)
+
+
+def assert_replay_equals_a_call(fn, x: torch.Tensor, fresh: torch.Tensor) -> None:
+    """Capture ``fn()`` (which reads ``x``) in a CUDA graph after a warm-up on a side stream, copy ``fresh`` into
+    ``x``, replay, and assert that the graph's output equals a plain call of ``fn()`` on the new ``x``, bit for bit
+    (the same kernels sum in the same order)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, fn())

@@ -22,11 +22,12 @@ from specdec.kernels.int4 import _int4_product, int4_linear_config, pack_int4
 
 
 def _chain_tools():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "fast_s26", "scripts", "chain_sweep.py")
-    spec = importlib.util.spec_from_file_location("chain_sweep", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """Session 26's chain tools, through session 45's loader of them (``int4_head._chain_tools``)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "fast_s45", "scripts", "int4_head.py")
+    spec = importlib.util.spec_from_file_location("int4_head", path)
+    proto = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proto)
+    return proto._chain_tools()
 
 
 def main() -> None:
