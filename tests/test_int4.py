@@ -65,9 +65,12 @@ def test_the_layout_puts_a_chunks_two_groups_in_one_bytes_halves():
 @needs_interpreter
 @pytest.mark.parametrize("rows,n,k,group,bias,config", [
     (10, 96, 256, 128, False, None),
-    (7, 64, 512, 64, True, (64, 3, 4, 3)),  # K split in 3 over 4 chunks: uneven
-    (3, 80, 128, 32, True, (32, 2, 4, 2)),
-    (70, 64, 256, 32, False, None),  # two row blocks
+    (7, 64, 512, 64, True, (64, 3, 4, 3, 1)),  # K split in 3 over 4 chunks: uneven
+    (7, 64, 768, 64, True, (64, 2, 4, 3, 2)),  # 6 chunks, 2 a step: splits of 4 and 2
+    (3, 80, 128, 32, True, (32, 2, 4, 2, 1)),
+    (70, 64, 256, 32, False, None),  # two row blocks; 4 chunks a step
+    (5, 48, 1536, 32, False, (32, 3, 4, 2, 4)),  # 24 chunks, 4 a step, split in 3
+    (2, 40, 192, 32, False, (32, 1, 4, 2, 4)),  # 3 chunks: not a whole number of steps of 4, so one at a time
     (1, 33, 64, 32, False, None),
 ])
 def test_the_kernel_equals_the_reference(rows, n, k, group, bias, config):
@@ -116,7 +119,8 @@ def test_bad_arguments_are_refused_with_the_fix():
 
 
 def test_configs_split_k_until_about_two_programs_per_multiprocessor():
-    assert int4_linear_config(10, 22016, 4096) == (64, 1, 4, 3)  # [gate; up]: 344 blocks
+    assert int4_linear_config(10, 22016, 4096) == (64, 1, 4, 3, 1)  # [gate; up]: 344 blocks
+    assert int4_linear_config(10, 22016, 4096, 32)[4] == 4  # 128 bytes of a row a step
     assert int4_linear_config(10, 12288, 4096)[1] == 2  # [q; k; v]: 192
     assert int4_linear_config(10, 4096, 11008)[1] == 4  # down_proj: 64
     assert int4_linear_config(10, 64, 256)[1] == 1  # one chunk of 256: nothing to split

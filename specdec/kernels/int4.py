@@ -151,19 +151,20 @@ def linear_int4_ref(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | No
     return linear_int4_rows_ref(Fp8Rows(*quantize_fp8_rows_ref(x), x.dtype), weight, bias)
 
 
-def int4_linear_config(rows: int, n: int, k: int, group: int = 128) -> tuple[int, int, int, int]:
-    """``(BLOCK_N, SPLIT, num_warps, num_stages)`` for ``rows`` rows of an ``[n, k]`` 4-bit weight.
+def int4_linear_config(rows: int, n: int, k: int, group: int = 128) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_N, SPLIT, num_warps, num_stages, UNROLL)`` for ``rows`` rows of an ``[n, k]`` 4-bit weight.
 
     From session 45's sweep on an H100 (the Llama-2-7B EAGLE head's six matrices at 10 rows, a chain of dependent
-    launches, ``docs/results/fast_s45/callC``): 64 outputs per program, 3 loads in flight; ``K`` split (a second
-    launch sums the partials in a fixed order) until there are about two programs per multiprocessor: in 2 for the
-    fused ``[q; k; v]`` (192 output blocks), in 4 for ``o_proj``, ``down_proj``, ``fc`` and an 8,192-row
-    ``lm_head``; not for ``[gate; up]`` (344 blocks). ``group`` does not change the choice (not swept).
+    launches, ``docs/results/fast_s45/callC``; session 46 call B the same at 64 and 32 inputs per scale): 64 outputs
+    per program, 3 loads in flight; ``K`` split (a second launch sums the partials in a fixed order) until there are
+    about two programs per multiprocessor: in 2 for the fused ``[q; k; v]`` (192 output blocks), in 4 for
+    ``o_proj``, ``down_proj``, ``fc`` and an 8,192-row ``lm_head``; not for ``[gate; up]`` (344 blocks). ``UNROLL``:
+    chunks per step, so that a step reads 128 bytes of a weight row at any group size.
     """
-    del rows, group
+    del rows
     programs = -(-n // 64)
     split = 1 if programs >= 256 else min(4, -(-264 // programs))
-    return 64, max(1, min(split, k // 256)), 4, 3
+    return 64, max(1, min(split, k // 256)), 4, 3, max(1, 128 // group)
 
 
 @jit
@@ -183,11 +184,25 @@ def _nibbles(p, ASM: tl.constexpr):
 
 
 @jit
+def _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, GROUP: tl.constexpr, ASM: tl.constexpr):
+    """One chunk's two products, unscaled, and its two groups' scales: ``(dot(lo, q_lo), dot(hi, q_hi), s_lo,
+    s_hi)``."""
+    p = tl.load(c_ptrs, mask=n_in[:, None], other=0)
+    x_lo = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
+    x_hi = tl.load(x_ptrs + GROUP, mask=m_in[None, :], other=0.0)
+    s_lo = tl.load(s_ptrs, mask=n_in, other=0.0)
+    s_hi = tl.load(s_ptrs + N, mask=n_in, other=0.0)
+    lo, hi = _nibbles(p, ASM)
+    return tl.dot(lo, x_lo), tl.dot(hi, x_hi), s_lo[:, None], s_hi[:, None]
+
+
+@jit
 def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, M, N, K, CHUNKS_PER, stride_cn, stride_ys,
-                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
+                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, UNROLL: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_chunks s_lo[n] dot(lo, q_lo) + s_hi[n] dot(hi, q_hi)``
-    over the chunks of split ``pid_k`` (``2 * GROUP`` inputs each), times the rows' scales; written as ``y[m, n]``
+    over the chunks of split ``pid_k`` (``2 * GROUP`` inputs each; ``UNROLL`` of them a step, their products all
+    issued before any is scaled, ``CHUNKS_PER`` a multiple of it), times the rows' scales; written as ``y[m, n]``
     (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is ``[M, K]``."""
     pdl_start(PDL)
     pid_k = tl.program_id(1)
@@ -200,17 +215,24 @@ def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, M, N, K, CHUN
     x_ptrs = q_ptr + m[None, :].to(tl.int64) * K + (c0 * 2 * GROUP + jj)[:, None]
     s_ptrs = s_ptr + 2 * c0 * N + n
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(c0, c1):
-        p = tl.load(c_ptrs, mask=n_in[:, None], other=0)
-        x_lo = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
-        x_hi = tl.load(x_ptrs + GROUP, mask=m_in[None, :], other=0.0)
-        s_lo = tl.load(s_ptrs, mask=n_in, other=0.0)
-        s_hi = tl.load(s_ptrs + N, mask=n_in, other=0.0)
-        lo, hi = _nibbles(p, ASM)
-        acc = acc + s_lo[:, None] * tl.dot(lo, x_lo) + s_hi[:, None] * tl.dot(hi, x_hi)
-        c_ptrs += GROUP
-        x_ptrs += 2 * GROUP
-        s_ptrs += 2 * N
+    for _ in range(c0, c1, UNROLL):
+        a0, b0, sa0, sb0 = _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, GROUP, ASM)
+        if UNROLL == 1:
+            acc = acc + sa0 * a0 + sb0 * b0
+        else:
+            a1, b1, sa1, sb1 = _chunk_dots(c_ptrs + GROUP, x_ptrs + 2 * GROUP, s_ptrs + 2 * N, N, n_in, m_in,
+                                           GROUP, ASM)
+            if UNROLL == 2:
+                acc = acc + sa0 * a0 + sb0 * b0 + sa1 * a1 + sb1 * b1
+            else:  # 4
+                a2, b2, sa2, sb2 = _chunk_dots(c_ptrs + 2 * GROUP, x_ptrs + 4 * GROUP, s_ptrs + 4 * N, N, n_in,
+                                               m_in, GROUP, ASM)
+                a3, b3, sa3, sb3 = _chunk_dots(c_ptrs + 3 * GROUP, x_ptrs + 6 * GROUP, s_ptrs + 6 * N, N, n_in,
+                                               m_in, GROUP, ASM)
+                acc = acc + sa0 * a0 + sb0 * b0 + sa1 * a1 + sb1 * b1 + sa2 * a2 + sb2 * b2 + sa3 * a3 + sb3 * b3
+        c_ptrs += GROUP * UNROLL
+        x_ptrs += 2 * GROUP * UNROLL
+        s_ptrs += 2 * N * UNROLL
     acc = acc * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
     out = n_in[:, None] & m_in[None, :]
     if SPLIT == 1:
@@ -229,17 +251,19 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
     n = codes.shape[0]
     y = torch.empty(rows, n, dtype=dtype, device=q.device)
     if rows and n:
-        block_n, split, num_warps, num_stages = config or int4_linear_config(rows, n, k, group)
+        block_n, split, num_warps, num_stages, unroll = config or int4_linear_config(rows, n, k, group)
         chunks = k // (2 * group)
-        split = max(1, min(split, chunks))
-        per = -(-chunks // split)
+        unroll = unroll if chunks % unroll == 0 else 1  # every split a whole number of steps
+        steps = chunks // unroll
+        split = max(1, min(split, steps))
+        per = -(-steps // split) * unroll
         split = -(-chunks // per)  # no empty split
         block_m = min(_ROW_BLOCK, max(16, next_pow2(rows)))
         target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=q.device)
         b = bias if bias is not None else scales
         _linear_int4_kernel[(-(-n // block_n), split, -(-rows // block_m))](
             q, x_scale, codes, scales, b, target, rows, n, k, per, codes.stride(0), rows * n if split > 1 else 0,
-            HAS_BIAS=bias is not None, SPLIT=split, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
+            HAS_BIAS=bias is not None, SPLIT=split, GROUP=group, UNROLL=unroll, BLOCK_M=block_m, BLOCK_N=block_n,
             ASM=q.is_cuda, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
         if split > 1:
@@ -251,7 +275,7 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
 
 
 def linear_int4_rows(rows: Fp8Rows, weight: Int4Weight, bias: torch.Tensor | None = None, *,
-                     config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                     config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """:func:`linear_int4` on rows rounded to float8 already (:class:`~specdec.kernels.Fp8Rows`, e.g. from a
     kernel's ``fp8_out``): the product's launch alone (2 with ``K`` split). The kernel on CUDA,
     :func:`linear_int4_rows_ref` elsewhere.
@@ -260,7 +284,7 @@ def linear_int4_rows(rows: Fp8Rows, weight: Int4Weight, bias: torch.Tensor | Non
         rows: :class:`~specdec.kernels.Fp8Rows` of shape ``[..., K]``.
         weight: :class:`Int4Weight` of shape ``[N, K]``.
         bias: Shape ``[N]`` or ``None`` (added in float32).
-        config: ``(BLOCK_N, SPLIT, num_warps, num_stages)`` to force (benchmarks); default
+        config: ``(BLOCK_N, SPLIT, num_warps, num_stages, UNROLL)`` to force (benchmarks); default
             :func:`int4_linear_config`.
 
     Returns:
@@ -281,7 +305,7 @@ def linear_int4_rows(rows: Fp8Rows, weight: Int4Weight, bias: torch.Tensor | Non
 
 
 def linear_int4(x: torch.Tensor | Fp8Rows, weight: Int4Weight, bias: torch.Tensor | None = None, *,
-                config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """``x @ unpack_int4(weight)^T + bias`` with ``x``'s rows rounded to float8
     (:func:`~specdec.kernels.quantize_fp8_rows`), on float8 tensor cores (the Triton kernels on CUDA;
     :func:`linear_int4_ref` elsewhere). Not ``F.linear``'s result: both operands are rounded (for a drafter's

@@ -1,8 +1,9 @@
-"""Session 46: launch configurations of the library's 4-bit product (specdec.kernels.linear_int4) per group size,
+"""Session 46 (calls B and C): launch configurations of the library's 4-bit product (specdec.kernels.linear_int4) per group size,
 for the Llama-2-7B EAGLE head's six matrices at 10 rows, in session 26's chain of dependent launches (16 weights
 cycled past L2, CUDA-graph replays), against the float8 product. Call A found the 4-bit head at 64 and 32 inputs
 per scale no faster than float8 in the 7B step (the default launch: 64 outputs, 3 loads in flight): their chunks
-load 64 / 32 bytes per weight row, half / a quarter of 128's, so more loads in flight may pay.
+load 64 / 32 bytes per weight row, half / a quarter of 128's, so more loads in flight may pay (call B: they do not).
+Call C's library takes ``UNROLL`` chunks a step, every product issued before any is scaled.
 
     python docs/results/fast_s46/scripts/int4_sweep.py OUT.json [--deadline 240]
 """
@@ -63,8 +64,13 @@ def main() -> None:
             ws4 = [pack_int4(torch.empty(n, k, device="cuda").normal_(0, 0.02, generator=gen), group)
                    for _ in range(16)]
             default = int4_linear_config(rows, n, k, group)
-            cfgs = [default] + [(64, split, 4, stages) for split, stages in itertools.product((1, 2, 4), (3, 5, 8))]
-            cfgs += [(128, split, 8, 3) for split in (1, 2)]
+            if len(default) == 4:  # call B's library: no UNROLL
+                cfgs = [default] + [(64, split, 4, stages) for split, stages in itertools.product((1, 2, 4), (3, 5, 8))]
+                cfgs += [(128, split, 8, 3) for split in (1, 2)]
+            else:  # call C: UNROLL chunks a step (128 // group: 128 bytes of a row a step; 1; twice that)
+                unrolls = sorted({1, 128 // group, 256 // group} & {1, 2, 4})
+                cfgs = [default] + [(64, split, 4, stages, u) for split, stages, u in
+                                    itertools.product((1, 2, 4), (3, 4), unrolls)]
             for cfg in dict.fromkeys(cfgs):
                 if time.time() - t0 > args.deadline:
                     break
