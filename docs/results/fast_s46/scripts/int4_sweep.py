@@ -1,9 +1,9 @@
-"""Session 46 (calls B and C): launch configurations of the library's 4-bit product (specdec.kernels.linear_int4) per group size,
-for the Llama-2-7B EAGLE head's six matrices at 10 rows, in session 26's chain of dependent launches (16 weights
-cycled past L2, CUDA-graph replays), against the float8 product. Call A found the 4-bit head at 64 and 32 inputs
-per scale no faster than float8 in the 7B step (the default launch: 64 outputs, 3 loads in flight): their chunks
-load 64 / 32 bytes per weight row, half / a quarter of 128's, so more loads in flight may pay (call B: they do not).
-Call C's library takes ``UNROLL`` chunks a step, every product issued before any is scaled.
+"""Session 46 (calls B and C): launch configurations of the library's 4-bit product (specdec.kernels.linear_int4) per
+group size, for the Llama-2-7B EAGLE head's six matrices at 10 rows, in session 26's chain of dependent launches (16
+weights cycled past L2, CUDA-graph replays), against the float8 product. Call A found the 4-bit head at 64 and 32
+inputs per scale no faster than float8 in the 7B step (the default launch: 64 outputs, 3 loads in flight): their
+chunks load 64 / 32 bytes per weight row, half / a quarter of 128's, so more loads in flight may pay (call B: they
+do not). Call C's library takes ``UNROLL`` chunks a step, every product issued before any is scaled.
 
     python docs/results/fast_s46/scripts/int4_sweep.py OUT.json [--deadline 240]
 """
