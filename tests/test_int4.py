@@ -72,6 +72,8 @@ def test_the_layout_puts_a_chunks_two_groups_in_one_bytes_halves():
     (5, 48, 1536, 32, False, (32, 3, 4, 2, 4)),  # 24 chunks, 4 a step, split in 3
     (2, 40, 192, 32, False, (32, 1, 4, 2, 4)),  # 3 chunks: not a whole number of steps of 4, so one at a time
     (1, 33, 64, 32, False, None),
+    (4, 40, 200, 64, True, None),  # K 200 of a 256-wide padded row: the last chunk partly past K
+    (6, 24, 864, 32, False, (32, 2, 4, 2, 4)),  # 14 chunks for 13.5: one at a time, the last half past K
 ])
 def test_the_kernel_equals_the_reference(rows, n, k, group, bias, config):
     g = torch.Generator().manual_seed(rows * n)
@@ -97,18 +99,27 @@ def test_the_reference_is_the_float8_rows_times_the_unpacked_weight():
     assert torch.equal(linear_int4_rows_ref(Fp8Rows(q, s, x.dtype), packed), want)
 
 
+def test_a_width_that_is_not_a_multiple_of_two_groups_is_padded_with_zero_weights():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(12, 200, generator=g)
+    packed = pack_int4(w, 64)  # K_pad 256
+    assert packed.codes.shape == (12, 128) and packed.scales.shape == (4, 12)
+    assert not unpack_int4(packed)[:, 200:].any() and unpack_int4(packed, 200).shape == (12, 200)
+    torch.testing.assert_close(unpack_int4(packed, 200)[:, :128], unpack_int4(pack_int4(w[:, :128], 64)))
+
+
 def test_bad_arguments_are_refused_with_the_fix():
     w = torch.randn(8, 192)
     with pytest.raises(ValueError, match="one of"):
         pack_int4(w, 48)
-    with pytest.raises(ValueError, match="multiple of 2 \\* group = 256.*use group=32"):
-        pack_int4(w, 128)
+    with pytest.raises(ValueError, match="no inputs"):
+        pack_int4(torch.randn(3, 0), 32)
     with pytest.raises(ValueError, match="inf or nan"):
         pack_int4(torch.full((2, 64), float("inf")), 32)
     with pytest.raises(ValueError, match="2-D float"):
         pack_int4(torch.ones(64, dtype=torch.int64), 32)
     packed = pack_int4(w, 32)
-    with pytest.raises(ValueError, match="K=64"):
+    with pytest.raises(ValueError, match="K=64.*pack_int4 of an \\[N, 64\\] weight"):
         linear_int4(torch.randn(2, 64), packed)
     with pytest.raises(ValueError, match="bias must have shape"):
         linear_int4(torch.randn(2, 192), packed, torch.zeros(3))
@@ -137,8 +148,8 @@ def test_int4_linear_stores_bytes_that_survive_dtype_casts_and_checks_its_widths
     assert set(layer.state_dict()) == {"weight_codes", "scale_bits", "bias"}
     x = torch.randn(3, 128, dtype=torch.bfloat16)
     torch.testing.assert_close(layer(x), linear_int4_ref(x, pack_int4(lin.weight, 64), lin.bias.to(x.dtype)))
-    with pytest.raises(ValueError, match="use group=64"):
-        Int4Linear(torch.randn(4, 384), group=128)
+    with pytest.raises(ValueError, match="group must be one of"):
+        Int4Linear(torch.randn(4, 384), group=100)
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +171,12 @@ def test_quantize_int4_replaces_the_linears_and_the_eagle1_lm_head(target):
         head.restrict_vocab(torch.arange(10))
 
 
-def test_quantize_int4_names_the_layers_that_do_not_fit_and_changes_nothing(target):
-    head = _head(target)  # hidden 64: inputs of 64 do not fit 2 * 64
-    with pytest.raises(ValueError, match="layers.0.self_attn.q_proj \\(in_features=64\\).*smaller group"):
-        quantize_int4_(head, group=64)
-    assert not any(isinstance(m, Int4Linear) for m in head.modules()) and head.lm_head_fp8 is None
+def test_quantize_int4_pads_narrow_layers_and_refuses_bad_groups_changing_nothing(target):
+    head = quantize_int4_(_head(target), group=128)  # hidden 64: every input padded to 256
+    assert head.layers[0].self_attn.q_proj.weight_codes.shape[1] == 128
+    h = torch.randn(2, head.config.hidden_size)
+    torch.testing.assert_close(head.logits(h), linear_int4_ref(h, pack_int4(head.lm_head_weight, 128)))
+    head = _head(target)
     with pytest.raises(ValueError, match="group must be one of"):
         quantize_int4_(head, group=16)
     with pytest.raises(ValueError, match="require gradients"):

@@ -14,8 +14,9 @@ product once. Session 45 measured the prototype (``docs/results/fast_s45``): a 7
 
 **The layout** (:func:`pack_int4`). A row's ``K`` inputs are cut in chunks of ``2 * group``; byte ``j`` of a chunk
 holds input ``j`` in its low half and input ``group + j`` in its high half, so a ``[BLOCK_N, group]`` byte tile
-splits into the chunk's two groups with one mask and one shift, and needs no interleaving. ``K`` must be a multiple
-of ``2 * group``.
+splits into the chunk's two groups with one mask and one shift, and needs no interleaving. A ``K`` that is not a
+multiple of ``2 * group`` is padded with zero weights to the next one (``K_pad``); the kernel reads no input past
+``K``.
 
 **Rounding.** Each group's scale is ``s = max|w| / 7``, each weight ``round(w / s)`` (ties to even) clamped to
 ``[-7, 7]``: 15 levels, symmetric. Smaller groups keep more of a head's drafts (session 45, an EAGLE-1 head of the
@@ -43,7 +44,7 @@ from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, quantize_fp8_rows, quantize_fp8_rows_ref
 from .skinny import _skinny_reduce_kernel
 
-__all__ = ["INT4_GROUPS", "Int4Weight", "pack_int4", "unpack_int4", "int4_linear_config", "linear_int4",
+__all__ = ["INT4_GROUPS", "Int4Weight", "pack_int4", "unpack_int4", "padded_width", "int4_linear_config", "linear_int4",
            "linear_int4_ref", "linear_int4_rows", "linear_int4_rows_ref"]
 
 #: The group sizes (inputs per scale) :func:`pack_int4` takes; a tensor-core product needs at least 32 inputs.
@@ -57,8 +58,9 @@ class Int4Weight(NamedTuple):
     """A 4-bit weight ``[N, K]`` (see the module for the layout).
 
     Attributes:
-        codes: Shape ``[N, K / 2]`` ``uint8``, two sign-magnitude codes per byte.
-        scales: Shape ``[K / group, N]`` float32, each group's scale times ``2^9`` (a group's ``N`` scales
+        codes: Shape ``[N, K_pad / 2]`` ``uint8``, two sign-magnitude codes per byte (``K_pad``: ``K`` rounded up to
+            a multiple of ``2 * group``, the padding zeros).
+        scales: Shape ``[K_pad / group, N]`` float32, each group's scale times ``2^9`` (a group's ``N`` scales
             contiguous).
         group: inputs per scale, one of :data:`INT4_GROUPS`.
     """
@@ -68,53 +70,57 @@ class Int4Weight(NamedTuple):
     group: int
 
 
-def _check_group(op: str, k: int, group: int) -> None:
+def _check_group(op: str, group: int) -> None:
     if group not in INT4_GROUPS:
         raise ValueError(f"{op}: group must be one of {INT4_GROUPS} (inputs per scale), got {group!r}")
-    if k % (2 * group):
-        fits = [g for g in INT4_GROUPS if k % (2 * g) == 0]
-        fix = f"use group={fits[-1]}" if fits else "keep this layer in float8 or bfloat16 (quantize_int4_'s skip)"
-        raise ValueError(f"{op}: the input width K={k} must be a multiple of 2 * group = {2 * group} (a chunk of "
-                         f"two groups shares its bytes); {fix}")
+
+
+def padded_width(k: int, group: int) -> int:
+    """``K_pad``: ``k`` rounded up to a multiple of ``2 * group`` (a chunk of two groups)."""
+    return -(-k // (2 * group)) * 2 * group
 
 
 def pack_int4(weight: torch.Tensor, group: int = 128) -> Int4Weight:
     """Round ``weight`` to 4-bit codes with one scale per ``group`` inputs of a row (see the module).
 
     Args:
-        weight: Shape ``[N, K]`` float (finite); ``K`` a multiple of ``2 * group``.
+        weight: Shape ``[N, K]`` float (finite), any ``K >= 1``.
         group: inputs per scale, one of :data:`INT4_GROUPS`.
 
     Returns:
         :class:`Int4Weight` on ``weight``'s device.
 
     Raises:
-        ValueError: not a 2-D float tensor, not finite, or ``K`` / ``group`` that do not fit, naming the fix.
+        ValueError: not a 2-D float tensor, empty, not finite, or a ``group`` not in :data:`INT4_GROUPS`.
     """
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point \
             or weight.dtype == FP8_DTYPE:
         raise ValueError(f"pack_int4: weight must be a 2-D float tensor [N, K], got "
                          f"{getattr(weight, 'dtype', type(weight))} {tuple(getattr(weight, 'shape', ()))}")
     n, k = weight.shape
-    _check_group("pack_int4", k, group)
-    w = weight.detach().float().view(n, k // group, group)
+    _check_group("pack_int4", group)
+    if k == 0:
+        raise ValueError("pack_int4: weight has no inputs (K = 0)")
+    kp = padded_width(k, group)
+    w = torch.nn.functional.pad(weight.detach().float(), (0, kp - k)).view(n, kp // group, group)
     if not bool(torch.isfinite(w).all()):
         raise ValueError("pack_int4: weight holds inf or nan; round finite values")
     scale = w.abs().amax(-1) / 7
     v = torch.round(w / torch.where(scale > 0, scale, 1.0)[..., None]).clamp(-7, 7)
-    nibble = torch.where(v < 0, 8 - v, v).to(torch.uint8).view(n, k // (2 * group), 2, group)
-    codes = (nibble[:, :, 0] | (nibble[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    nibble = torch.where(v < 0, 8 - v, v).to(torch.uint8).view(n, kp // (2 * group), 2, group)
+    codes = (nibble[:, :, 0] | (nibble[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
     return Int4Weight(codes, (scale * _SCALE_UNIT).T.contiguous(), group)
 
 
-def unpack_int4(weight: Int4Weight) -> torch.Tensor:
-    """The float32 weight ``[N, K]`` an :class:`Int4Weight` stands for (code times its group's scale)."""
+def unpack_int4(weight: Int4Weight, k: int | None = None) -> torch.Tensor:
+    """The float32 weight an :class:`Int4Weight` stands for (code times its group's scale): ``[N, K_pad]``, or its
+    first ``k`` inputs ``[N, k]``."""
     codes, scales, group = weight
     n = codes.shape[0]
     chunks = codes.view(n, -1, group)
     nibble = torch.stack([chunks & 15, chunks >> 4], dim=2).reshape(n, -1).float()
     v = torch.where(nibble >= 8, 8 - nibble, nibble)
-    return (v.view(n, -1, group) * (scales.T / _SCALE_UNIT)[..., None]).reshape(n, -1)
+    return (v.view(n, -1, group) * (scales.T / _SCALE_UNIT)[..., None]).reshape(n, -1)[:, :k]
 
 
 def _check_weight(op: str, k: int, weight, bias) -> int:
@@ -123,11 +129,12 @@ def _check_weight(op: str, k: int, weight, bias) -> int:
         raise ValueError(f"{op}: weight must be an Int4Weight(codes [N, K/2] uint8, scales [K/group, N] float32, "
                          f"group) as pack_int4 makes it")
     n = weight.codes.shape[0]
-    _check_group(op, k, weight.group)
-    if weight.codes.shape[1] * 2 != k or tuple(weight.scales.shape) != (k // weight.group, n):
+    _check_group(op, weight.group)
+    kp = padded_width(max(k, 1), weight.group)
+    if weight.codes.shape[1] * 2 != kp or tuple(weight.scales.shape) != (kp // weight.group, n):
         raise ValueError(f"{op}: the rows have K={k} inputs but the weight's codes are {tuple(weight.codes.shape)} "
-                         f"and scales {tuple(weight.scales.shape)} (expected [N, {k // 2}] and "
-                         f"[{k // weight.group}, N])")
+                         f"and scales {tuple(weight.scales.shape)} (expected [N, {kp // 2}] and "
+                         f"[{kp // weight.group}, N] for K={k}: pack_int4 of an [N, {k}] weight)")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"{op}: bias must have shape [N] = [{n}] or be None, got {tuple(bias.shape)}")
     return n
@@ -139,7 +146,7 @@ def linear_int4_rows_ref(rows: Fp8Rows, weight: Int4Weight, bias: torch.Tensor |
     _check_fp8_rows(rows)
     _check_weight("linear_int4_rows", rows.q.shape[-1], weight, bias)
     x = rows.q.double() * rows.scale.double()[..., None]
-    y = torch.matmul(x, unpack_int4(weight).double().t())
+    y = torch.matmul(x, unpack_int4(weight, rows.q.shape[-1]).double().t())
     if bias is not None:
         y = y + bias.double()
     return y.to(rows.dtype)
@@ -164,7 +171,7 @@ def int4_linear_config(rows: int, n: int, k: int, group: int = 128) -> tuple[int
     del rows
     programs = -(-n // 64)
     split = 1 if programs >= 256 else min(4, -(-264 // programs))
-    return 64, max(1, min(split, k // 256)), 4, 3, max(1, 128 // group)
+    return 64, max(1, min(split, -(-k // 256))), 4, 3, max(1, 128 // group)
 
 
 @jit
@@ -184,12 +191,18 @@ def _nibbles(p, ASM: tl.constexpr):
 
 
 @jit
-def _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, GROUP: tl.constexpr, ASM: tl.constexpr):
+def _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, k_lo, K, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
+                ASM: tl.constexpr):
     """One chunk's two products, unscaled, and its two groups' scales: ``(dot(lo, q_lo), dot(hi, q_hi), s_lo,
-    s_hi)``."""
+    s_hi)``; ``k_lo [GROUP]``: the chunk's first group's input indices (inputs from ``K`` on read as zeros unless
+    ``EVEN_K``)."""
     p = tl.load(c_ptrs, mask=n_in[:, None], other=0)
-    x_lo = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
-    x_hi = tl.load(x_ptrs + GROUP, mask=m_in[None, :], other=0.0)
+    if EVEN_K:
+        x_lo = tl.load(x_ptrs, mask=m_in[None, :], other=0.0)
+        x_hi = tl.load(x_ptrs + GROUP, mask=m_in[None, :], other=0.0)
+    else:
+        x_lo = tl.load(x_ptrs, mask=m_in[None, :] & (k_lo < K)[:, None], other=0.0)
+        x_hi = tl.load(x_ptrs + GROUP, mask=m_in[None, :] & (k_lo + GROUP < K)[:, None], other=0.0)
     s_lo = tl.load(s_ptrs, mask=n_in, other=0.0)
     s_hi = tl.load(s_ptrs + N, mask=n_in, other=0.0)
     lo, hi = _nibbles(p, ASM)
@@ -199,40 +212,44 @@ def _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, GROUP: tl.constexpr, ASM:
 @jit
 def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, M, N, K, CHUNKS_PER, stride_cn, stride_ys,
                         HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, UNROLL: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
+                        EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_chunks s_lo[n] dot(lo, q_lo) + s_hi[n] dot(hi, q_hi)``
     over the chunks of split ``pid_k`` (``2 * GROUP`` inputs each; ``UNROLL`` of them a step, their products all
     issued before any is scaled, ``CHUNKS_PER`` a multiple of it), times the rows' scales; written as ``y[m, n]``
-    (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is ``[M, K]``."""
+    (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is ``[M, K]``; the
+    codes' rows hold ``cdiv(K, 2 * GROUP)`` chunks (``EVEN_K``: ``K`` fills them)."""
     pdl_start(PDL)
     pid_k = tl.program_id(1)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_in, m_in, jj = n < N, m < M, tl.arange(0, GROUP)
     c0 = pid_k * CHUNKS_PER
-    c1 = tl.minimum(c0 + CHUNKS_PER, K // (2 * GROUP))  # the last split may be shorter
+    c1 = tl.minimum(c0 + CHUNKS_PER, tl.cdiv(K, 2 * GROUP))  # the last split may be shorter
     c_ptrs = c_ptr + n[:, None].to(tl.int64) * stride_cn + (c0 * GROUP + jj)[None, :]
     x_ptrs = q_ptr + m[None, :].to(tl.int64) * K + (c0 * 2 * GROUP + jj)[:, None]
     s_ptrs = s_ptr + 2 * c0 * N + n
+    k_lo = c0 * 2 * GROUP + jj
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for _ in range(c0, c1, UNROLL):
-        a0, b0, sa0, sb0 = _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, GROUP, ASM)
+        a0, b0, sa0, sb0 = _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, k_lo, K, GROUP, EVEN_K, ASM)
         if UNROLL == 1:
             acc = acc + sa0 * a0 + sb0 * b0
         else:
             a1, b1, sa1, sb1 = _chunk_dots(c_ptrs + GROUP, x_ptrs + 2 * GROUP, s_ptrs + 2 * N, N, n_in, m_in,
-                                           GROUP, ASM)
+                                           k_lo + 2 * GROUP, K, GROUP, EVEN_K, ASM)
             if UNROLL == 2:
                 acc = acc + sa0 * a0 + sb0 * b0 + sa1 * a1 + sb1 * b1
             else:  # 4
                 a2, b2, sa2, sb2 = _chunk_dots(c_ptrs + 2 * GROUP, x_ptrs + 4 * GROUP, s_ptrs + 4 * N, N, n_in,
-                                               m_in, GROUP, ASM)
+                                               m_in, k_lo + 4 * GROUP, K, GROUP, EVEN_K, ASM)
                 a3, b3, sa3, sb3 = _chunk_dots(c_ptrs + 3 * GROUP, x_ptrs + 6 * GROUP, s_ptrs + 6 * N, N, n_in,
-                                               m_in, GROUP, ASM)
+                                               m_in, k_lo + 6 * GROUP, K, GROUP, EVEN_K, ASM)
                 acc = acc + sa0 * a0 + sb0 * b0 + sa1 * a1 + sb1 * b1 + sa2 * a2 + sb2 * b2 + sa3 * a3 + sb3 * b3
         c_ptrs += GROUP * UNROLL
         x_ptrs += 2 * GROUP * UNROLL
         s_ptrs += 2 * N * UNROLL
+        k_lo += 2 * GROUP * UNROLL
     acc = acc * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
     out = n_in[:, None] & m_in[None, :]
     if SPLIT == 1:
@@ -252,7 +269,7 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
     y = torch.empty(rows, n, dtype=dtype, device=q.device)
     if rows and n:
         block_n, split, num_warps, num_stages, unroll = config or int4_linear_config(rows, n, k, group)
-        chunks = k // (2 * group)
+        chunks = -(-k // (2 * group))
         unroll = unroll if chunks % unroll == 0 else 1  # every split a whole number of steps
         steps = chunks // unroll
         split = max(1, min(split, steps))
@@ -263,7 +280,8 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
         b = bias if bias is not None else scales
         _linear_int4_kernel[(-(-n // block_n), split, -(-rows // block_m))](
             q, x_scale, codes, scales, b, target, rows, n, k, per, codes.stride(0), rows * n if split > 1 else 0,
-            HAS_BIAS=bias is not None, SPLIT=split, GROUP=group, UNROLL=unroll, BLOCK_M=block_m, BLOCK_N=block_n,
+            HAS_BIAS=bias is not None, SPLIT=split, GROUP=group, UNROLL=unroll, EVEN_K=k % (2 * group) == 0,
+            BLOCK_M=block_m, BLOCK_N=block_n,
             ASM=q.is_cuda, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
         if split > 1:

@@ -15,8 +15,8 @@ scale). Measure it on your head: ``examples/bench_fast.py --int4-heads``. Quanti
 after :meth:`~specdec.heads.Eagle1Head.restrict_vocab` and after moving it to its device, and build its drafter
 afterwards (captured graphs hold the layers they were captured on).
 
-Every layer's input width must be a multiple of ``2 * group`` (:mod:`specdec.kernels.int4`'s layout);
-:func:`quantize_int4_` names the layers that are not and changes nothing.
+A layer whose input width is not a multiple of ``2 * group`` is padded with zero weights to the next one
+(:mod:`specdec.kernels.int4`'s layout; at most one chunk per row more).
 """
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ class Int4Linear(RoundedRowsLinear):
     for inference (see the module).
 
     Args:
-        weight: Shape ``[out_features, in_features]``, the weight to round (float, finite; ``in_features`` a multiple
-            of ``2 * group``).
+        weight: Shape ``[out_features, in_features]``, the weight to round (float, finite).
         bias: Shape ``[out_features]`` or ``None``: kept in its dtype (as a buffer).
         group: inputs per scale, one of :data:`~specdec.kernels.INT4_GROUPS`.
         persistent: whether the buffers enter ``state_dict`` (``False`` for a copy of a weight that is not the
@@ -44,8 +43,9 @@ class Int4Linear(RoundedRowsLinear):
 
     Attributes:
         in_features, out_features, group: the widths and the group size.
-        weight_codes: Shape ``[out_features, in_features / 2]`` ``uint8``.
-        scale_bits: Shape ``[in_features / group, out_features]`` ``int32`` (the float32 scales' bits, times 2^9).
+        weight_codes: Shape ``[out_features, K_pad / 2]`` ``uint8`` (``K_pad``: ``in_features`` rounded up to a
+            multiple of ``2 * group``).
+        scale_bits: Shape ``[K_pad / group, out_features]`` ``int32`` (the float32 scales' bits, times 2^9).
         bias: Shape ``[out_features]`` or ``None``.
     """
 
@@ -104,23 +104,17 @@ def quantize_int4_(module: nn.Module, *, group: int = 128, skip: tuple[str, ...]
         ``module`` (modified).
 
     Raises:
-        ValueError: as :func:`~specdec.nn.quantize_fp8_`, and a layer whose input width is not a multiple of
-            ``2 * group`` (named, with the group that fits); nothing is changed then.
+        ValueError: as :func:`~specdec.nn.quantize_fp8_`, or a ``group`` not in
+            :data:`~specdec.kernels.INT4_GROUPS`; nothing is changed then.
 
     Example:
-        >>> head = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
+        >>> head = nn.Sequential(nn.Linear(80, 32), nn.ReLU(), nn.Linear(32, 2))
         >>> _ = quantize_int4_(head.requires_grad_(False), group=32, skip=("2",))
         >>> type(head[0]).__name__, head[0].group
         ('Int4Linear', 32)
     """
     if group not in INT4_GROUPS:
         raise ValueError(f"quantize_int4_: group must be one of {INT4_GROUPS} (inputs per scale), got {group!r}")
-    bad = [f"{name} (in_features={sub.in_features})" for name, sub in module.named_modules()
-           if type(sub) is nn.Linear and name not in skip and sub.in_features % (2 * group)]
-    if bad:
-        raise ValueError(f"quantize_int4_: 4-bit layers need an input width that is a multiple of 2 * group = "
-                         f"{2 * group}; these are not: {bad[:8]}. Pass a smaller group, or name them in skip (and "
-                         "round them with quantize_fp8_ afterwards if you want)")
     return round_linears_(module, skip, "quantize_int4_", "4-bit", lambda sub: Int4Linear.from_linear(sub, group),
                           lambda sub: Int4Linear(sub.lm_head_weight, getattr(sub, "lm_head_bias", None), group=group,
                                                  persistent=False))
