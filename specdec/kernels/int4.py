@@ -19,8 +19,8 @@ multiple of ``2 * group`` is padded with zero weights to the next one (``K_pad``
 ``K``.
 
 **Rounding.** Each group's scale is ``s = max|w| / 7``, each weight ``round(w / s)`` (ties to even) clamped to
-``[-7, 7]``: 15 levels, symmetric. Smaller groups keep more of a head's drafts (session 45, an EAGLE-1 head of the
-fixture, EAGLE-2 tau: 2.684 unrounded, 2.669 float8, 2.582 / 2.632 / 2.676 at 128 / 64 / 32 inputs per scale) and
+``[-7, 7]``: 15 levels, symmetric. Smaller groups keep more of a head's drafts (session 46, an EAGLE-1 head of the
+fixture, EAGLE-2 tau: 2.684 unrounded, 2.669 float8, 2.589 / 2.596 / 2.646 at 128 / 64 / 32 inputs per scale) and
 take more scales and smaller products per chunk.
 
 **Lossless, drafts changed**, as for float8 heads: only the drafter is rounded.

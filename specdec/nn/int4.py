@@ -9,9 +9,9 @@ the codes' bytes at 128 inputs per scale, 1/8 at 32): at the Llama-2-7B shape an
 
 **Lossless, drafts changed**, as for float8: only the drafter is rounded; the target verifies every draft with its
 own weights, so greedy outputs stay identical and sampled ones keep the target's law. The drafts, and so tau, move
-further from the bfloat16 head's than float8's do; smaller groups keep more (session 45, an EAGLE-1 head of the
-fixture under EAGLE-2: tau 2.684 unrounded, 2.669 float8, 2.582 / 2.632 / 2.676 at 128 / 64 / 32 inputs per
-scale). Measure it on your head: ``examples/bench_fast.py --int4-heads``. Quantize a trained head, for inference,
+further from the bfloat16 head's than float8's do; smaller groups keep more (session 46, an EAGLE-1 head of the
+fixture under EAGLE-2, 10 prompts: tau 2.684 unrounded, 2.669 float8, 2.589 / 2.596 / 2.646 at 128 / 64 / 32
+inputs per scale). Measure it on your head: ``examples/bench_fast.py --int4-heads``. Quantize a trained head, for inference,
 after :meth:`~specdec.heads.Eagle1Head.restrict_vocab` and after moving it to its device, and build its drafter
 afterwards (captured graphs hold the layers they were captured on).
 
