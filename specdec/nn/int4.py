@@ -11,9 +11,9 @@ the codes' bytes at 128 inputs per scale, 1/8 at 32): at the Llama-2-7B shape an
 own weights, so greedy outputs stay identical and sampled ones keep the target's law. The drafts, and so tau, move
 further from the bfloat16 head's than float8's do; smaller groups keep more (session 46, an EAGLE-1 head of the
 fixture under EAGLE-2, 10 prompts: tau 2.684 unrounded, 2.669 float8, 2.589 / 2.596 / 2.646 at 128 / 64 / 32
-inputs per scale). Measure it on your head: ``examples/bench_fast.py --int4-heads``. Quantize a trained head, for inference,
-after :meth:`~specdec.heads.Eagle1Head.restrict_vocab` and after moving it to its device, and build its drafter
-afterwards (captured graphs hold the layers they were captured on).
+inputs per scale). Measure it on your head: ``examples/bench_fast.py --int4-heads``. Quantize a trained head, for
+inference, after :meth:`~specdec.heads.Eagle1Head.restrict_vocab` and after moving it to its device, and build its
+drafter afterwards (captured graphs hold the layers they were captured on).
 
 A layer whose input width is not a multiple of ``2 * group`` is padded with zero weights to the next one
 (:mod:`specdec.kernels.int4`'s layout; at most one chunk per row more).

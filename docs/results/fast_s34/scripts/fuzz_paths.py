@@ -9,7 +9,8 @@ the same tokens on the eager and the fast path under the same seed.
     FUZZ_DEVICE=cuda python ... # on a GPU: the fast path's CUDA graphs and kernels
     FUZZ_METHODS=eagle2,dflash python ...  # session 41: only these drafters
     FUZZ_HEADS=1 python ...     # session 41: EAGLE / DFlash / DSpark heads also with a draft vocabulary (FR-Spec's
-                                # restrict_vocab, EAGLE-3's d2t) and / or float8 weights (quantize_fp8_)
+                                # restrict_vocab, EAGLE-3's d2t) and / or float8 weights (quantize_fp8_); since
+                                # session 46 half the rounded heads are 4-bit (quantize_int4_, 32-128 per scale)
     FUZZ_GC=50 python ...       # session 42: the cyclic collector's first threshold at 50 (default 700-2000), so
                                 # that collections also fall inside captures (dead graphs freed under capture)
 """
@@ -62,8 +63,11 @@ def variant(head, rng):
     if isinstance(head, Eagle1Head) and not isinstance(head, Eagle3Head) and rng.random() < 0.5:
         head.restrict_vocab(vocab(rng))
     if rng.random() < 0.5:
-        from specdec.nn import quantize_fp8_
-        quantize_fp8_(head.eval().requires_grad_(False))
+        from specdec.nn import quantize_fp8_, quantize_int4_
+        if rng.random() < 0.5:
+            quantize_fp8_(head.eval().requires_grad_(False))
+        else:  # session 46: 4-bit weights (the tiny heads' widths padded at 64 and 128 per scale)
+            quantize_int4_(head.eval().requires_grad_(False), group=rng.choice((32, 64, 128)))
     return head
 
 
