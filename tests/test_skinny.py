@@ -171,3 +171,60 @@ def test_on_the_gpu_the_kernel_equals_f_linear_and_replays_in_a_graph(rows, n, k
     torch.testing.assert_close(y.float(), want, atol=3e-2, rtol=2e-2)
     assert_replay_equals_a_call(lambda: linear_skinny(x, w, b), x,
                                 torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16))
+
+
+def _split_products(device):
+    """The three products that split ``K``, each as ``(name, fn(x) -> y)`` with a split forced."""
+    from specdec.kernels import linear_fp8, linear_int4, pack_int4, quantize_fp8_rows
+    g = torch.Generator().manual_seed(9)
+    w = (torch.randn(80, 512, generator=g) * 0.05).to(device)
+    b = torch.randn(80, generator=g).to(device)
+    w8, ws = quantize_fp8_rows(w)
+    w4 = pack_int4(w, 64)
+    return [("skinny", lambda x: linear_skinny(x.to(torch.bfloat16), w.to(torch.bfloat16), b.to(torch.bfloat16),
+                                               config=(32, 64, 3, 4, 2))),
+            ("fp8", lambda x: linear_fp8(x, w8, ws, b, config=(32, 64, 4, 4, 2))),
+            ("int4", lambda x: linear_int4(x, w4, b, config=(32, 3, 4, 2, 1)))]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("rows", [3, 70])
+def test_split_products_summed_in_the_launch_equal_the_summing_launch_bit_for_bit(rows):
+    """use_split_fixup: each output tile's last program sums the partials (counted on a per-stream buffer that it
+    leaves zeroed) in the summing kernel's order, so the results are the same bits and the launches one fewer."""
+    from specdec.kernels import skinny
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    with kernel_mode("triton"):
+        for name, fn in _split_products("cpu"):
+            if name == "skinny" and rows > 64:
+                continue  # the skinny kernel takes at most 64 rows
+            previous = skinny.use_split_fixup(False)
+            try:
+                want = fn(x)
+                skinny.use_split_fixup(True)
+                got = fn(x)
+            finally:
+                skinny.use_split_fixup(previous)
+            assert torch.equal(got, want), name
+            assert not any(int(c.abs().sum()) for c in skinny._COUNTERS.values())
+    with pytest.raises(ValueError, match="True or False"):
+        skinny.use_split_fixup(1)
+
+
+@needs_cuda
+@pytest.mark.parametrize("rows", [10, 61])
+def test_on_the_gpu_split_products_summed_in_the_launch_equal_the_summing_launch_and_replay(rows):
+    from specdec.kernels import skinny
+    x = torch.randn(rows, 512, device="cuda")
+    for name, fn in _split_products("cuda"):
+        previous = skinny.use_split_fixup(False)
+        try:
+            want = fn(x)
+            skinny.use_split_fixup(True)
+            for _ in range(3):
+                assert torch.equal(fn(x), want), name
+            assert_replay_equals_a_call(lambda fn=fn: fn(x), x, torch.randn(rows, 512, device="cuda"))
+        finally:
+            skinny.use_split_fixup(previous)
+        torch.cuda.synchronize()
+        assert not any(int(c.abs().sum()) for c in skinny._COUNTERS.values())

@@ -30,7 +30,7 @@ import torch
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
-from .skinny import _skinny_reduce_kernel, skinny_accumulate, skinny_store  # the skinny kernel's loop and sums
+from .skinny import skinny_accumulate, skinny_store, split_counters, sum_split  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
            "linear_fp8", "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
@@ -225,9 +225,9 @@ def fp8_linear_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, in
 
 
 @jit
-def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, K_PER, stride_wn, stride_ys,
-                       HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, o_ptr, c_ptr, M, N, K, K_PER, stride_wn, stride_ys,
+                       HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, EVEN_K: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_{k in split pid_k} w8[n, k] q[m, k]`` over rows
     ``pid_m * BLOCK_M ...`` (the skinny kernel's loop on float8 operands), times ``ws[n] * xs[m]``; written as
     ``y[m, n]`` (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is
@@ -241,7 +241,8 @@ def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, K_PE
     acc = skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, pid_k * K_PER, K, K_PER, stride_wn, K, EVEN_K, BLOCK_M,
                             BLOCK_N, BLOCK_K)
     acc = acc * tl.load(ws_ptr + n, mask=n_in, other=0.0)[:, None] * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
-    skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, N, stride_ys, HAS_BIAS, SPLIT)
+    tile = tl.program_id(0) + tl.num_programs(0) * tl.program_id(2)
+    skinny_store(acc, b_ptr, y_ptr, o_ptr, c_ptr, tile, n, m, n_in, m_in, pid_k, N, stride_ys, HAS_BIAS, SPLIT, FIXUP)
 
 
 def _linear_fp8_triton(x, w8, w_scale, bias, config=None) -> torch.Tensor:
@@ -260,16 +261,15 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
         block_m = min(_ROW_BLOCK, max(16, next_pow2(rows)))
         target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=w8.device)
         b = bias if bias is not None else w_scale
-        _linear_fp8_kernel[(-(-n // block_n), split, -(-rows // block_m))](
-            q, x_scale, w8, w_scale, b, target, rows, n, k, k_per, w8.stride(0), rows * n if split > 1 else 0,
-            HAS_BIAS=bias is not None, SPLIT=split, EVEN_K=k % (split * block_k) == 0, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+        grid = (-(-n // block_n), split, -(-rows // block_m))
+        counters = split_counters(w8.device, grid[0] * grid[2]) if split > 1 else None
+        _linear_fp8_kernel[grid](
+            q, x_scale, w8, w_scale, b, target, y, counters if counters is not None else y, rows, n, k, k_per,
+            w8.stride(0), rows * n if split > 1 else 0, HAS_BIAS=bias is not None, SPLIT=split,
+            FIXUP=counters is not None, EVEN_K=k % (split * block_k) == 0, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
-        if split > 1:
-            _skinny_reduce_kernel[(-(-(rows * n) // 1024),)](
-                target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=1024, num_warps=4,
-                **pdl_launch(),
-            )
+        sum_split(target, b, y, split, bias is not None, counters)
     return y
 
 

@@ -42,7 +42,7 @@ import torch
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, quantize_fp8_rows, quantize_fp8_rows_ref
-from .skinny import _skinny_reduce_kernel
+from .skinny import skinny_store, split_counters, sum_split
 
 __all__ = ["INT4_GROUPS", "Int4Weight", "pack_int4", "unpack_int4", "padded_width", "int4_linear_config", "linear_int4",
            "linear_int4_ref", "linear_int4_rows", "linear_int4_rows_ref"]
@@ -210,8 +210,9 @@ def _chunk_dots(c_ptrs, x_ptrs, s_ptrs, N, n_in, m_in, k_lo, K, GROUP: tl.conste
 
 
 @jit
-def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, M, N, K, CHUNKS_PER, stride_cn, stride_ys,
-                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, UNROLL: tl.constexpr,
+def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, o_ptr, cnt_ptr, M, N, K, CHUNKS_PER, stride_cn,
+                        stride_ys, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
+                        GROUP: tl.constexpr, UNROLL: tl.constexpr,
                         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
                         PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_chunks s_lo[n] dot(lo, q_lo) + s_hi[n] dot(hi, q_hi)``
@@ -251,13 +252,9 @@ def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, M, N, K, CHUN
         s_ptrs += 2 * N * UNROLL
         k_lo += 2 * GROUP * UNROLL
     acc = acc * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
-    out = n_in[:, None] & m_in[None, :]
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=out)
-    else:
-        tl.store(y_ptr + pid_k * stride_ys + m[None, :] * N + n[:, None], acc, mask=out)
+    tile = tl.program_id(0) + tl.num_programs(0) * tl.program_id(2)
+    skinny_store(acc, b_ptr, y_ptr, o_ptr, cnt_ptr, tile, n, m, n_in, m_in, pid_k, N, stride_ys, HAS_BIAS, SPLIT,
+                 FIXUP)
 
 
 def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> torch.Tensor:
@@ -278,17 +275,15 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
         block_m = min(_ROW_BLOCK, max(16, next_pow2(rows)))
         target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=q.device)
         b = bias if bias is not None else scales
-        _linear_int4_kernel[(-(-n // block_n), split, -(-rows // block_m))](
-            q, x_scale, codes, scales, b, target, rows, n, k, per, codes.stride(0), rows * n if split > 1 else 0,
-            HAS_BIAS=bias is not None, SPLIT=split, GROUP=group, UNROLL=unroll, EVEN_K=k % (2 * group) == 0,
-            BLOCK_M=block_m, BLOCK_N=block_n,
-            ASM=q.is_cuda, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+        grid = (-(-n // block_n), split, -(-rows // block_m))
+        counters = split_counters(q.device, grid[0] * grid[2]) if split > 1 else None
+        _linear_int4_kernel[grid](
+            q, x_scale, codes, scales, b, target, y, counters if counters is not None else y, rows, n, k, per,
+            codes.stride(0), rows * n if split > 1 else 0, HAS_BIAS=bias is not None, SPLIT=split,
+            FIXUP=counters is not None, GROUP=group, UNROLL=unroll, EVEN_K=k % (2 * group) == 0, BLOCK_M=block_m,
+            BLOCK_N=block_n, ASM=q.is_cuda, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
-        if split > 1:
-            _skinny_reduce_kernel[(-(-(rows * n) // 1024),)](
-                target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=1024, num_warps=4,
-                **pdl_launch(),
-            )
+        sum_split(target, b, y, split, bias is not None, counters)
     return y
 
 

@@ -16,6 +16,8 @@ The reference is ``F.linear``; results equal it up to float rounding (the summat
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -95,25 +97,84 @@ def skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, k0, K, K_PER_SPLIT, stride
 
 
 @jit
-def skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, stride_ym, stride_ys, HAS_BIAS: tl.constexpr,
-                 SPLIT: tl.constexpr):
+def skinny_store(acc, b_ptr, y_ptr, o_ptr, c_ptr, tile, n, m, n_in, m_in, pid_k, stride_ym, stride_ys,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr):
     """``acc [n, m]`` written as ``y[m, n]`` (plus the bias, cast to ``y``'s dtype) when ``SPLIT == 1``, else as the
-    float32 partial ``y[pid_k, m, n]`` (summed by :func:`_skinny_reduce_kernel`)."""
+    float32 partial ``y[pid_k, m, n]``: summed by :func:`_skinny_reduce_kernel`, or with ``FIXUP`` by the tile's
+    last program to finish (counted at ``c_ptr[tile]``, which it resets to 0) into ``o[m, n]``, in the reduce
+    kernel's order and arithmetic (``sum_s p[s]``, then the bias, then the cast)."""
     out_mask = n_in[:, None] & m_in[None, :]
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)[:, None]
         tl.store(y_ptr + m[None, :] * stride_ym + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
-        tl.store(y_ptr + pid_k * stride_ys + m[None, :] * stride_ym + n[:, None], acc, mask=out_mask)
+        offs = m[None, :] * stride_ym + n[:, None]
+        tl.store(y_ptr + pid_k * stride_ys + offs, acc, mask=out_mask)
+        if FIXUP:
+            tl.debug_barrier()  # every thread's partial stored before the count (released by the atomic)
+            if tl.atomic_add(c_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                total = tl.zeros(acc.shape, dtype=tl.float32)
+                for s in tl.static_range(SPLIT):
+                    total += tl.load(y_ptr + s * stride_ys + offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + n, mask=n_in, other=0.0).to(tl.float32)[:, None]
+                tl.store(o_ptr + offs, total.to(o_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(c_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+#: Counters of the in-kernel sums of split products, per (device, stream): int32, zero between launches.
+_COUNTERS: dict = {}
+_COUNTER_SLOTS = 1 << 14
+_FIXUP = [os.environ.get("SPECDEC_SPLIT_FIXUP", "1") not in ("", "0")]
+
+
+def use_split_fixup(enabled: bool) -> bool:
+    """Whether products with ``K`` split (:func:`linear_skinny`, :func:`~specdec.kernels.linear_fp8`,
+    :func:`~specdec.kernels.linear_int4`) sum their partials inside the product's launch (each output tile's last
+    program to finish sums them, in a fixed order) instead of in a second launch; returns the previous setting.
+    The results are the same bits either way. Default on (``SPECDEC_SPLIT_FIXUP=0``: off). A captured graph keeps
+    the choice it was captured with.
+
+    The tiles count on a per-(device, stream) buffer that every such launch leaves zeroed: two launches that run
+    at the same time on one stream's buffer (graphs captured on one stream and replayed concurrently on two) would
+    mix their counts; replay such graphs on the stream order they were captured in, or turn this off.
+    """
+    if not isinstance(enabled, bool):
+        raise ValueError(f"use_split_fixup: enabled must be True or False, got {enabled!r}")
+    previous, _FIXUP[0] = _FIXUP[0], enabled
+    return previous
+
+
+def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The zeroed ``int32`` counters for a launch of ``tiles`` output tiles that sums its split partials in-kernel,
+    or ``None`` for the separate summing launch (:func:`use_split_fixup` off, or more tiles than the buffer has)."""
+    if not _FIXUP[0] or tiles > _COUNTER_SLOTS:
+        return None
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _COUNTERS.get(key)
+    if counters is None:
+        counters = _COUNTERS[key] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return counters
+
+
+def sum_split(target: torch.Tensor, bias_ptr: torch.Tensor, y: torch.Tensor, split: int, has_bias: bool,
+              counters: torch.Tensor | None) -> None:
+    """After a product's launch: sum its ``split`` float32 partials ``target [split, rows, n]`` (plus the bias) into
+    ``y [rows, n]`` in a second launch, unless the launch summed them itself (``counters``) or ``K`` was not split."""
+    if split > 1 and counters is None:
+        mn, n = y.numel(), y.shape[-1]
+        _skinny_reduce_kernel[(-(-mn // 1024),)](target, bias_ptr, y, mn, n, mn, HAS_BIAS=has_bias, SPLIT=split,
+                                                 BLOCK=1024, num_warps=4, **pdl_launch())
 
 
 @jit
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, stride_ys,
-                   HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, o_ptr, c_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+                   stride_ys, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: ``acc[n, m] = sum_{k in split pid_k} w[n, k] * x[m, k]``; written as ``y[m, n]``
-    (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``."""
+    (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]`` (with ``FIXUP`` summed
+    into ``o`` by the tile's last program: :func:`skinny_store`)."""
     pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -122,7 +183,8 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, 
     n_in, m_in = n < N, m < M
     acc = skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, pid_k * K_PER_SPLIT, K, K_PER_SPLIT, stride_wn, stride_xm,
                             EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
-    skinny_store(acc, b_ptr, y_ptr, n, m, n_in, m_in, pid_k, stride_ym, stride_ys, HAS_BIAS, SPLIT)
+    skinny_store(acc, b_ptr, y_ptr, o_ptr, c_ptr, pid_n, n, m, n_in, m_in, pid_k, stride_ym, stride_ys, HAS_BIAS,
+                 SPLIT, FIXUP)
 
 
 @jit
@@ -149,18 +211,14 @@ def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
         even_k = k % (split * block_k) == 0
         target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=x.device)
         b = bias if bias is not None else weight
+        counters = split_counters(x.device, -(-n // block_n)) if split > 1 else None
         _skinny_kernel[(-(-n // block_n), split)](
-            x2, weight, b, target, rows, n, k, k_per_split, x2.stride(0), weight.stride(0), n,
-            rows * n if split > 1 else 0, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-            **pdl_launch(),
+            x2, weight, b, target, y, counters if counters is not None else y, rows, n, k, k_per_split, x2.stride(0),
+            weight.stride(0), n, rows * n if split > 1 else 0, HAS_BIAS=bias is not None, EVEN_K=even_k,
+            SPLIT=split, FIXUP=counters is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
-        if split > 1:
-            block = 1024
-            _skinny_reduce_kernel[(-(-(rows * n) // block),)](
-                target, b, y, rows * n, n, rows * n, HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block,
-                num_warps=4, **pdl_launch(),
-            )
+        sum_split(target, b, y, split, bias is not None, counters)
     return y.view(*x.shape[:-1], n)
 
 
