@@ -115,7 +115,14 @@ from .ngram import (
                         ngram_chain_ref,
 )
 from .parallel_inputs import ParallelDraftInputs, parallel_draft_inputs, parallel_draft_inputs_ref
-from .skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny, linear_skinny_ref, skinny_config
+from .skinny import (
+                        SKINNY_DEFAULT_ROWS,
+                        SKINNY_MAX_ROWS,
+                        linear_skinny,
+                        linear_skinny_ref,
+                        skinny_config,
+                        use_split_fixup,
+)
 from .topk import TOPK_CHUNK, TOPK_MAX_K, TOPK_MAX_N, log_softmax_topk, log_softmax_topk_ref, topk_rows, topk_rows_ref
 from .tree_attention import (
                         TREE_ATTENTION_MAX_M,
@@ -173,7 +180,7 @@ __all__ = [
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
     "embed_concat", "embed_concat_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
-    "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref",
+    "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref", "use_split_fixup",
     "tuned_linear_config", "linear_picks", "clear_linear_picks",
     "FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8", "linear_fp8",
     "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",

@@ -126,15 +126,17 @@ def skinny_store(acc, b_ptr, y_ptr, o_ptr, c_ptr, tile, n, m, n_in, m_in, pid_k,
 #: Counters of the in-kernel sums of split products, per (device, stream): int32, zero between launches.
 _COUNTERS: dict = {}
 _COUNTER_SLOTS = 1 << 14
-_FIXUP = [os.environ.get("SPECDEC_SPLIT_FIXUP", "1") not in ("", "0")]
+_FIXUP = [os.environ.get("SPECDEC_SPLIT_FIXUP", "0") not in ("", "0")]
 
 
 def use_split_fixup(enabled: bool) -> bool:
     """Whether products with ``K`` split (:func:`linear_skinny`, :func:`~specdec.kernels.linear_fp8`,
     :func:`~specdec.kernels.linear_int4`) sum their partials inside the product's launch (each output tile's last
     program to finish sums them, in a fixed order) instead of in a second launch; returns the previous setting.
-    The results are the same bits either way. Default on (``SPECDEC_SPLIT_FIXUP=0``: off). A captured graph keeps
-    the choice it was captured with.
+    The results are the same bits either way. Default off (``SPECDEC_SPLIT_FIXUP=1``: on): in the 7B EAGLE-2 step on
+    an H100 it was no faster than the summing launch under programmatic dependent launch (session 46, call E: 7.34 /
+    7.13 ms with the float8 / 4-bit head against 7.31 / 7.07 and 7.31 / 7.08 without; ``docs/results/fast_s46``). A
+    captured graph keeps the choice it was captured with.
 
     The tiles count on a per-(device, stream) buffer that every such launch leaves zeroed: two launches that run
     at the same time on one stream's buffer (graphs captured on one stream and replayed concurrently on two) would
