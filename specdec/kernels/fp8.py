@@ -30,7 +30,7 @@ import torch
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
-from .skinny import skinny_accumulate, skinny_store, split_counters, sum_split  # the skinny kernel's loop and sums
+from .skinny import skinny_accumulate, skinny_store, split_outputs, sum_split  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
            "linear_fp8", "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
@@ -259,17 +259,16 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
         block_n, block_k, split, num_warps, num_stages = config or fp8_linear_config(rows, n, k)
         k_per = -(-k // (split * block_k)) * block_k
         block_m = min(_ROW_BLOCK, max(16, next_pow2(rows)))
-        target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=w8.device)
-        b = bias if bias is not None else w_scale
         grid = (-(-n // block_n), split, -(-rows // block_m))
-        counters = split_counters(w8.device, grid[0] * grid[2]) if split > 1 else None
+        out = split_outputs(y, split, grid[0] * grid[2])
+        b = bias if bias is not None else w_scale
         _linear_fp8_kernel[grid](
-            q, x_scale, w8, w_scale, b, target, y, counters if counters is not None else y, rows, n, k, k_per,
-            w8.stride(0), rows * n if split > 1 else 0, HAS_BIAS=bias is not None, SPLIT=split,
-            FIXUP=counters is not None, EVEN_K=k % (split * block_k) == 0, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+            q, x_scale, w8, w_scale, b, out.target, y, out.counter_arg, rows, n, k, k_per, w8.stride(0), out.stride,
+            HAS_BIAS=bias is not None, SPLIT=split, FIXUP=out.fixup, EVEN_K=k % (split * block_k) == 0,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+            **pdl_launch(),
         )
-        sum_split(target, b, y, split, bias is not None, counters)
+        sum_split(out.target, b, y, split, bias is not None, out.counters)
     return y
 
 

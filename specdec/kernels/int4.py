@@ -42,7 +42,7 @@ import torch
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
 from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, quantize_fp8_rows, quantize_fp8_rows_ref
-from .skinny import skinny_store, split_counters, sum_split
+from .skinny import skinny_store, split_outputs, sum_split
 
 __all__ = ["INT4_GROUPS", "Int4Weight", "pack_int4", "unpack_int4", "padded_width", "int4_linear_config", "linear_int4",
            "linear_int4_ref", "linear_int4_rows", "linear_int4_rows_ref"]
@@ -273,17 +273,16 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
         per = -(-steps // split) * unroll
         split = -(-chunks // per)  # no empty split
         block_m = min(_ROW_BLOCK, max(16, next_pow2(rows)))
-        target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=q.device)
-        b = bias if bias is not None else scales
         grid = (-(-n // block_n), split, -(-rows // block_m))
-        counters = split_counters(q.device, grid[0] * grid[2]) if split > 1 else None
+        out = split_outputs(y, split, grid[0] * grid[2])
+        b = bias if bias is not None else scales
         _linear_int4_kernel[grid](
-            q, x_scale, codes, scales, b, target, y, counters if counters is not None else y, rows, n, k, per,
-            codes.stride(0), rows * n if split > 1 else 0, HAS_BIAS=bias is not None, SPLIT=split,
-            FIXUP=counters is not None, GROUP=group, UNROLL=unroll, EVEN_K=k % (2 * group) == 0, BLOCK_M=block_m,
-            BLOCK_N=block_n, ASM=q.is_cuda, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+            q, x_scale, codes, scales, b, out.target, y, out.counter_arg, rows, n, k, per, codes.stride(0), out.stride,
+            HAS_BIAS=bias is not None, SPLIT=split, FIXUP=out.fixup, GROUP=group, UNROLL=unroll,
+            EVEN_K=k % (2 * group) == 0, BLOCK_M=block_m, BLOCK_N=block_n, ASM=q.is_cuda, num_warps=num_warps,
+            num_stages=num_stages, **pdl_launch(),
         )
-        sum_split(target, b, y, split, bias is not None, counters)
+        sum_split(out.target, b, y, split, bias is not None, out.counters)
     return y
 
 

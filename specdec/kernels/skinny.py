@@ -17,6 +17,7 @@ The reference is ``F.linear``; results equal it up to float rounding (the summat
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +161,28 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return counters
 
 
+class SplitOutputs(NamedTuple):
+    """Where a product launch with ``split`` parts of ``K`` writes (:func:`split_outputs`): ``target`` (``y`` itself,
+    or the float32 partials ``[split, rows, n]``), ``counters`` (or ``None``: the summing launch) and the kernel's
+    arguments for them, ``counter_arg`` (a tensor either way) and ``fixup``."""
+
+    target: torch.Tensor
+    counters: torch.Tensor | None
+    counter_arg: torch.Tensor
+    fixup: bool
+    stride: int
+
+
+def split_outputs(y: torch.Tensor, split: int, tiles: int) -> SplitOutputs:
+    """The :class:`SplitOutputs` of a product into ``y [rows, n]`` over ``tiles`` output tiles with ``K`` in
+    ``split`` parts."""
+    if split == 1:
+        return SplitOutputs(y, None, y, False, 0)
+    counters = split_counters(y.device, tiles)
+    target = torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
+    return SplitOutputs(target, counters, y if counters is None else counters, counters is not None, y.numel())
+
+
 def sum_split(target: torch.Tensor, bias_ptr: torch.Tensor, y: torch.Tensor, split: int, has_bias: bool,
               counters: torch.Tensor | None) -> None:
     """After a product's launch: sum its ``split`` float32 partials ``target [split, rows, n]`` (plus the bias) into
@@ -211,16 +234,14 @@ def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
         block_m = max(16, next_pow2(rows))
         k_per_split = -(-k // (split * block_k)) * block_k
         even_k = k % (split * block_k) == 0
-        target = y if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=x.device)
+        out = split_outputs(y, split, -(-n // block_n))
         b = bias if bias is not None else weight
-        counters = split_counters(x.device, -(-n // block_n)) if split > 1 else None
         _skinny_kernel[(-(-n // block_n), split)](
-            x2, weight, b, target, y, counters if counters is not None else y, rows, n, k, k_per_split, x2.stride(0),
-            weight.stride(0), n, rows * n if split > 1 else 0, HAS_BIAS=bias is not None, EVEN_K=even_k,
-            SPLIT=split, FIXUP=counters is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+            x2, weight, b, out.target, y, out.counter_arg, rows, n, k, k_per_split, x2.stride(0), weight.stride(0), n,
+            out.stride, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split, FIXUP=out.fixup, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
-        sum_split(target, b, y, split, bias is not None, counters)
+        sum_split(out.target, b, y, split, bias is not None, out.counters)
     return y.view(*x.shape[:-1], n)
 
 
