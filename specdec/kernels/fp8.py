@@ -30,7 +30,7 @@ import torch
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
-from .skinny import skinny_accumulate, skinny_store, split_outputs, sum_split  # the skinny kernel's loop and sums
+from .skinny import skinny_accumulate, skinny_store, split_outputs  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
            "linear_fp8", "linear_fp8_ref", "fp8_linear_config", "Fp8Rows", "linear_fp8_rows", "linear_fp8_rows_ref",
@@ -268,7 +268,7 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
             **pdl_launch(),
         )
-        sum_split(out.target, b, y, split, bias is not None, out.counters)
+        out.finish(b, bias is not None)
     return y
 
 
@@ -359,11 +359,14 @@ def linear_fp8_rows(rows: Fp8Rows, w8: torch.Tensor, w_scale: torch.Tensor, bias
     n = w8.shape[0]
     if not use_kernel("linear_fp8", rows.q, w8):
         return linear_fp8_rows_ref(rows, w8, w_scale, bias)
-    q = rows.q.reshape(-1, k)
-    q = q if q.is_contiguous() else q.contiguous()
-    count = q.shape[0]
-    return _fp8_product(q, rows.scale.reshape(-1).contiguous(), w8, w_scale, bias, rows.dtype, count, n, k,
-                        config).view(*rows.q.shape[:-1], n)
+    q, scale = flat_rows(rows)
+    return _fp8_product(q, scale, w8, w_scale, bias, rows.dtype, q.shape[0], n, k, config).view(*rows.q.shape[:-1], n)
+
+
+def flat_rows(rows: Fp8Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as a product kernel reads them: ``(q [count, K] contiguous, scale [count] contiguous)``."""
+    q = rows.q.reshape(-1, rows.q.shape[-1])
+    return (q if q.is_contiguous() else q.contiguous()), rows.scale.reshape(-1).contiguous()
 
 
 def _check_fp8_rows(rows) -> None:

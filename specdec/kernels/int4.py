@@ -41,8 +41,8 @@ import torch
 
 from ._dispatch import use_kernel
 from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
-from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, quantize_fp8_rows, quantize_fp8_rows_ref
-from .skinny import skinny_store, split_outputs, sum_split
+from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, flat_rows, quantize_fp8_rows, quantize_fp8_rows_ref
+from .skinny import skinny_store, split_outputs
 
 __all__ = ["INT4_GROUPS", "Int4Weight", "pack_int4", "unpack_int4", "padded_width", "int4_linear_config", "linear_int4",
            "linear_int4_ref", "linear_int4_rows", "linear_int4_rows_ref"]
@@ -282,7 +282,7 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
             EVEN_K=k % (2 * group) == 0, BLOCK_M=block_m, BLOCK_N=block_n, ASM=q.is_cuda, num_warps=num_warps,
             num_stages=num_stages, **pdl_launch(),
         )
-        sum_split(out.target, b, y, split, bias is not None, out.counters)
+        out.finish(b, bias is not None)
     return y
 
 
@@ -310,10 +310,7 @@ def linear_int4_rows(rows: Fp8Rows, weight: Int4Weight, bias: torch.Tensor | Non
     n = _check_weight("linear_int4_rows", k, weight, bias)
     if not use_kernel("linear_int4", rows.q, weight.codes):
         return linear_int4_rows_ref(rows, weight, bias)
-    q = rows.q.reshape(-1, k)
-    q = q if q.is_contiguous() else q.contiguous()
-    return _int4_product(q, rows.scale.reshape(-1).contiguous(), weight, bias, rows.dtype,
-                         config).view(*rows.q.shape[:-1], n)
+    return _int4_product(*flat_rows(rows), weight, bias, rows.dtype, config).view(*rows.q.shape[:-1], n)
 
 
 def linear_int4(x: torch.Tensor | Fp8Rows, weight: Int4Weight, bias: torch.Tensor | None = None, *,

@@ -163,34 +163,40 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
 
 class SplitOutputs(NamedTuple):
     """Where a product launch with ``split`` parts of ``K`` writes (:func:`split_outputs`): ``target`` (``y`` itself,
-    or the float32 partials ``[split, rows, n]``), ``counters`` (or ``None``: the summing launch) and the kernel's
-    arguments for them, ``counter_arg`` (a tensor either way) and ``fixup``."""
+    or the float32 partials ``[split, rows, n]``, ``stride`` apart) and ``counters`` (``None``: the summing launch)."""
 
     target: torch.Tensor
     counters: torch.Tensor | None
-    counter_arg: torch.Tensor
-    fixup: bool
+    y: torch.Tensor
+    split: int
     stride: int
+
+    @property
+    def fixup(self) -> bool:
+        """The kernel's ``FIXUP``: whether the launch sums its partials itself."""
+        return self.counters is not None
+
+    @property
+    def counter_arg(self) -> torch.Tensor:
+        """The kernel's counter pointer (``y`` when there are no counters: never read then)."""
+        return self.y if self.counters is None else self.counters
+
+    def finish(self, bias_ptr: torch.Tensor, has_bias: bool) -> None:
+        """After the product's launch: sum the partials (plus the bias) into ``y`` in a second launch, unless the
+        launch summed them itself or ``K`` was not split."""
+        if self.split > 1 and self.counters is None:
+            mn, n = self.y.numel(), self.y.shape[-1]
+            _skinny_reduce_kernel[(-(-mn // 1024),)](self.target, bias_ptr, self.y, mn, n, mn, HAS_BIAS=has_bias,
+                                                     SPLIT=self.split, BLOCK=1024, num_warps=4, **pdl_launch())
 
 
 def split_outputs(y: torch.Tensor, split: int, tiles: int) -> SplitOutputs:
     """The :class:`SplitOutputs` of a product into ``y [rows, n]`` over ``tiles`` output tiles with ``K`` in
     ``split`` parts."""
     if split == 1:
-        return SplitOutputs(y, None, y, False, 0)
-    counters = split_counters(y.device, tiles)
+        return SplitOutputs(y, None, y, 1, 0)
     target = torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
-    return SplitOutputs(target, counters, y if counters is None else counters, counters is not None, y.numel())
-
-
-def sum_split(target: torch.Tensor, bias_ptr: torch.Tensor, y: torch.Tensor, split: int, has_bias: bool,
-              counters: torch.Tensor | None) -> None:
-    """After a product's launch: sum its ``split`` float32 partials ``target [split, rows, n]`` (plus the bias) into
-    ``y [rows, n]`` in a second launch, unless the launch summed them itself (``counters``) or ``K`` was not split."""
-    if split > 1 and counters is None:
-        mn, n = y.numel(), y.shape[-1]
-        _skinny_reduce_kernel[(-(-mn // 1024),)](target, bias_ptr, y, mn, n, mn, HAS_BIAS=has_bias, SPLIT=split,
-                                                 BLOCK=1024, num_warps=4, **pdl_launch())
+    return SplitOutputs(target, split_counters(y.device, tiles), y, split, y.numel())
 
 
 @jit
@@ -241,7 +247,7 @@ def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
             out.stride, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split, FIXUP=out.fixup, BLOCK_M=block_m,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
         )
-        sum_split(out.target, b, y, split, bias is not None, out.counters)
+        out.finish(b, bias is not None)
     return y.view(*x.shape[:-1], n)
 
 

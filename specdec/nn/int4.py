@@ -79,8 +79,7 @@ class Int4Linear(RoundedRowsLinear):
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         """Shape ``[..., in_features]`` -> ``[..., out_features]``, in ``x``'s dtype; ``x`` may come rounded to
         float8 already (:class:`~specdec.kernels.fp8.Fp8Rows`)."""
-        dtype = x.dtype if isinstance(x, (torch.Tensor, Fp8Rows)) else None
-        return linear_int4(x, self.int4_weight, None if self.bias is None or dtype is None else self.bias.to(dtype))
+        return linear_int4(x, self.int4_weight, None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
