@@ -5,7 +5,8 @@ constant read inside a kernel, a construct the code generator lacks). Such an er
 device machine. Here every kernel launch under the interpreter is recorded (:func:`install_recorder`: the kernel,
 its arguments' types, its constexprs and launch options), and at the end of the test session a few recorded
 variants of each kernel (one per combination of branch flags and float dtypes, at most :data:`PER_KERNEL`, and
-the smallest once more with programmatic dependent launch on, ``PDL=True``, and with inline PTX on, ``ASM=True``,
+the smallest once more with programmatic dependent launch on, ``PDL=True`` and ``2``, ``3`` with a weight prefetch
+for the products, and with inline PTX on, ``ASM=True``,
 branches the interpreter never runs) are
 compiled for an H100 / H200 (``sm_90``) in a child process without the interpreter (:func:`compile_specs`), where
 the kernels are real ``JITFunction`` s. A failure names the kernel and the compiler's message.
@@ -139,8 +140,12 @@ def select(specs: list[KernelSpec], per_kernel: int = PER_KERNEL) -> list[Kernel
             out.append(spec)
             count[(spec.module, spec.name)] = n + 1
         if n == 0 and spec.constexprs.get("PDL") is False:  # the interpreter never runs the PDL branch: compile it
-            out.append(spec._replace(constexprs={**spec.constexprs, "PDL": True},
-                                     options={**spec.options, "launch_pdl": True}))
+            for pdl in (True, 2):  # one kernel ahead, early (the default)
+                out.append(spec._replace(constexprs={**spec.constexprs, "PDL": pdl},
+                                         options={**spec.options, "launch_pdl": True}))
+            if "PREFETCH" in spec.constexprs:  # a product asking L2 for its weights before its own wait
+                out.append(spec._replace(constexprs={**spec.constexprs, "PDL": 3, "PREFETCH": 512},
+                                         options={**spec.options, "launch_pdl": True}))
         if n == 0 and spec.constexprs.get("ASM") is False:  # nor a kernel's inline-PTX branch (GPU only)
             out.append(spec._replace(constexprs={**spec.constexprs, "ASM": True}))
     return out

@@ -85,6 +85,12 @@ def test_every_kernel_starts_with_pdl_start_and_its_pdl_branch_compiles_for_the_
             first = body[1] if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body[0]
             assert ast.unparse(first) == "pdl_start(PDL)", f"{module.__name__}.{name} must call pdl_start(PDL) first"
             assert inspect.signature(fn).parameters["PDL"].default is False
+            if "PREFETCH" in inspect.signature(fn).parameters:  # PDL == 3 defers the wait to the kernel itself:
+                calls = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Call)]
+                assert "pdl_wait(PDL)" in calls, f"{module.__name__}.{name} takes PREFETCH: it must call pdl_wait(PDL)"
+                # ... before its first load or store: only the prefetch (a hint on constant weights) comes earlier
+                loads = [i for i, c in enumerate(calls) if c.startswith(("tl.load", "tl.store", "skinny_", "_chunk"))]
+                assert calls.index("pdl_wait(PDL)") < min(loads, default=len(calls)), name
     assert found >= 25
     from specdec.kernels.gemv import _gemv_kernel
 
@@ -92,5 +98,6 @@ def test_every_kernel_starts_with_pdl_start_and_its_pdl_branch_compiles_for_the_
     spec = spec_of(_gemv_kernel.fn, (x, torch.ones(32, 64), x, torch.ones(1, 32), 1, 32, 64, 64, 64, 32),
                    {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4})
     chosen = select([spec])
-    assert [s.constexprs["PDL"] for s in chosen] == [False, True] and chosen[1].options["launch_pdl"] is True
+    assert [s.constexprs["PDL"] for s in chosen] == [False, True, 2] and chosen[1].options["launch_pdl"] is True
+    assert all("PREFETCH" not in s.constexprs for s in chosen)  # the GEMV prefetches nothing
     assert _compile(chosen[1:]) == []

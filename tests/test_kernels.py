@@ -810,49 +810,89 @@ def test_docstring_examples_run():
 
 def test_programmatic_dependent_launch_is_on_only_where_it_can_run_and_set_pdl_turns_it_off():
     """pdl_launch(): no keywords under the interpreter, without CUDA, or after set_pdl(False); on an sm_90 GPU the
-    launch keywords; set_pdl(None) restores the default."""
+    launch keywords, early (PDL=2) by default, one ahead (PDL=True) with early=False, PDL=3 for a prefetching
+    kernel; set_pdl(None) restores the default."""
     from specdec.kernels import _triton
 
     try:
         if _triton.INTERPRETED or not torch.cuda.is_available():
             assert _triton.pdl_launch() == {} and not _triton.pdl_enabled()
+            assert _triton.pdl_launch(prefetch=True) == {} and _triton.prefetch_bytes(torch.zeros(4, 64)) == 0
         else:
             hopper = torch.cuda.get_device_capability() >= (9, 0) and _triton.gdc_wait is not None
-            _triton.set_pdl(True)
+            _triton.set_pdl(True, early=True)
             assert _triton.pdl_enabled() == hopper
+            assert _triton.pdl_launch() == ({"PDL": 2, "launch_pdl": True} if hopper else {})
+            assert _triton.pdl_launch(prefetch=True) == ({"PDL": 3, "launch_pdl": True} if hopper else {})
+            _triton.set_pdl(True, early=False)
             assert _triton.pdl_launch() == ({"PDL": True, "launch_pdl": True} if hopper else {})
+            assert _triton.pdl_launch(prefetch=True) == _triton.pdl_launch()
+            assert _triton.prefetch_bytes(torch.zeros(4, 64, device="cuda")) == 0
         _triton.set_pdl(False)
-        assert _triton.pdl_launch() == {}
+        assert _triton.pdl_launch() == {} and _triton.prefetch_bytes(torch.zeros(4, 64)) == 0
     finally:
         _triton.set_pdl(None)
 
 
+def test_weights_are_prefetched_only_in_the_early_order_from_aligned_rows_and_the_variables_override(monkeypatch):
+    """prefetch_bytes(): 0 unless a launch is early (here faked) and every weight row starts on 16 bytes (the bulk
+    prefetch's alignment: a float8 row of 1,000 bytes does not), then the variable's value or the default."""
+    from specdec.kernels import _triton
+
+    w = torch.zeros(8, 256, dtype=torch.bfloat16)
+    monkeypatch.setattr(_triton, "pdl_launch", lambda prefetch=False: {"PDL": 2, "launch_pdl": True})
+    assert _triton.prefetch_bytes(w) == _triton.PREFETCH_DEFAULTS["SPECDEC_PREFETCH"] == 512
+    assert _triton.prefetch_bytes(w, "SPECDEC_PREFETCH_VERIFY") == 0
+    monkeypatch.setenv("SPECDEC_PREFETCH_VERIFY", "1024")
+    assert _triton.prefetch_bytes(w, "SPECDEC_PREFETCH_VERIFY") == 1024
+    assert _triton.prefetch_bytes(torch.zeros(8, 1000, dtype=torch.uint8)) == 0  # rows 1,000 bytes apart
+    assert _triton.prefetch_bytes(torch.zeros(8, 1024, dtype=torch.uint8)[:, 8:]) == 0  # the first row at 8 bytes
+    monkeypatch.setattr(_triton, "pdl_launch", lambda prefetch=False: {"PDL": True, "launch_pdl": True})
+    assert _triton.prefetch_bytes(w, "SPECDEC_PREFETCH_VERIFY") == 0 and _triton.prefetch_bytes(w) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_captured_chain_of_kernels_gives_the_same_bits_with_and_without_pdl():
-    """A CUDA graph of dependent kernels (norm, one-row products, SiLU, norm again) captured with programmatic
-    dependent launch and without: the same bits over replays with new inputs (a kernel launched early waits for its
-    inputs)."""
+def test_a_captured_chain_of_kernels_gives_the_same_bits_with_and_without_pdl(monkeypatch):
+    """A CUDA graph of dependent kernels (norm, one-row products, SiLU, norm again, then 10-row skinny, float8 and
+    4-bit products with their weights prefetched) captured without programmatic dependent launch, one kernel
+    ahead and early: the same bits over replays with new inputs (a kernel launched early waits for its inputs)."""
     from specdec.graphs import capture_graph
-    from specdec.kernels import _triton, add_rms_norm, linear_rows, silu_mul
+    from specdec.kernels import (
+        _triton,
+        add_rms_norm,
+        linear_fp8,
+        linear_int4,
+        linear_rows,
+        linear_skinny,
+        pack_int4,
+        quantize_fp8_rows,
+        silu_mul,
+    )
 
     torch.manual_seed(0)
     w1 = torch.randn(2 * 688, 256, device="cuda", dtype=torch.bfloat16) / 16
     w2 = torch.randn(256, 688, device="cuda", dtype=torch.bfloat16) / 16
     norm = torch.rand(256, device="cuda", dtype=torch.bfloat16) + 0.5
+    w8, s8 = quantize_fp8_rows(w1)
+    w4 = pack_int4(w2.float(), group=128)
+    monkeypatch.setenv("SPECDEC_PREFETCH", "512")
+    monkeypatch.setenv("SPECDEC_PREFETCH_VERIFY", "512")
 
     def chain(x, r):
         h, y = add_rms_norm(x, r, norm, 1e-6)
         for _ in range(4):
             h, y = add_rms_norm(h, linear_rows(silu_mul(linear_rows(y, w1)), w2), norm, 1e-6)
-        return h, y
+        wide = y.expand(10, 256) * torch.arange(1, 11, device="cuda", dtype=y.dtype)[:, None]
+        z = linear_skinny(silu_mul(linear_fp8(wide, w8, s8)), w2)
+        return h, y, linear_int4(silu_mul(linear_skinny(z, w1)), w4)
 
     inputs = [(torch.randn(1, 256, device="cuda", dtype=torch.bfloat16),
                torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
     outs = {}
     try:
-        for pdl in (False, True):
-            _triton.set_pdl(pdl)
+        for pdl in (False, True, "early"):
+            _triton.set_pdl(bool(pdl), early=pdl == "early")
             x, r = (t.clone() for t in inputs[0])
             runner = capture_graph(chain, (x, r))
             got = []
@@ -861,6 +901,7 @@ def test_a_captured_chain_of_kernels_gives_the_same_bits_with_and_without_pdl():
             outs[pdl] = got
     finally:
         _triton.set_pdl(None)
-    for (h0, y0), (h1, y1) in zip(outs[False], outs[True]):
-        assert torch.equal(h0, h1) and torch.equal(y0, y1)
-    assert not torch.equal(outs[True][0][0], outs[True][1][0])  # the replays did read their new inputs
+    for mode in (True, "early"):
+        for want, got in zip(outs[False], outs[mode]):
+            assert all(torch.equal(a, b) for a, b in zip(want, got)), mode
+        assert not torch.equal(outs[mode][0][2], outs[mode][1][2])  # the replays did read their new inputs

@@ -36,25 +36,59 @@ def jit(fn: Callable) -> Callable:
 
 @jit
 def pdl_start(PDL: tl.constexpr):
-    """Every kernel's first statement. With ``PDL`` (the launch set ``launch_pdl``, :func:`pdl_launch`): wait until
-    the grids before this one in the stream have finished and their writes are visible (``griddepcontrol.wait``),
-    then let the next kernel's programs be scheduled (``griddepcontrol.launch_dependents``: they start and wait in
-    turn, so its launch overlaps this kernel's run instead of following it). Nothing is read or written before the
-    wait, so a kernel launched early can neither see stale inputs nor overwrite what its predecessor still reads."""
-    if PDL:
+    """Every kernel's first statement. With ``PDL`` (the launch set ``launch_pdl``, :func:`pdl_launch`), two orders:
+
+    - ``PDL == 2`` (the default, "early"): let the next kernel's programs be scheduled
+      (``griddepcontrol.launch_dependents``), then wait until the grids before this one in the stream have finished
+      and their writes are visible (``griddepcontrol.wait``). A chain of such kernels is scheduled ahead, each
+      kernel's programs resident and waiting while the kernels before it run, as deep as the multiprocessors hold
+      them; a grid's wait still covers its predecessor's completion, which follows that one's own wait.
+    - ``PDL == True`` (``SPECDEC_PDL_EARLY=0``): wait first, then let the next kernel be scheduled, so the chain is
+      scheduled one kernel ahead.
+    - ``PDL == 3``: as 2, but the wait is the kernel's own :func:`pdl_wait`, after it has asked L2 for constant data
+      (a product's weights, :func:`prefetch_rows_l2`).
+
+    Nothing but constant data is touched before the wait, so a kernel launched early can neither see stale inputs
+    nor overwrite what its predecessor still reads."""
+    if PDL == 2:
+        gdc_launch_dependents()
+        gdc_wait()
+    elif PDL == 3:
+        gdc_launch_dependents()
+    elif PDL:
         gdc_wait()
         gdc_launch_dependents()
 
 
-_PDL: dict = {}  # (device index, override) -> the launch keywords
-_PDL_OVERRIDE: list = [None]
+@jit
+def pdl_wait(PDL: tl.constexpr):
+    """The wait :func:`pdl_start` defers at ``PDL == 3``: a kernel launched so (:func:`pdl_launch` with
+    ``prefetch=True``) may touch only constant data (a layer's weights) before calling this."""
+    if PDL == 3:
+        gdc_wait()
 
 
-def set_pdl(enabled: bool | None) -> None:
+@jit
+def prefetch_rows_l2(row_ptrs, nbytes, BYTES: tl.constexpr):
+    """Ask L2 for the first ``min(BYTES, nbytes[i])`` bytes (rounded down to 16) at each of ``row_ptrs`` (one
+    ``cp.async.bulk.prefetch.L2`` each; 16-byte aligned addresses). A hint: nothing reaches a register, and L2 is
+    where every write becomes visible, so a prefetched line is never stale."""
+    size = (tl.minimum(nbytes, BYTES) // 16 * 16).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [row_ptrs, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+_PDL: dict = {}  # (device index) -> the launch keywords
+_PDL_OVERRIDE: list = [None, None]  # enabled, early
+
+
+def set_pdl(enabled: bool | None, *, early: bool | None = None) -> None:
     """Force programmatic dependent launch on (where the GPU supports it) or off for the kernels launched from now
-    on; ``None``: the default (on for compute capability 9.0 and later unless ``SPECDEC_PDL=0``). A captured graph
+    on; ``None``: the default (on for compute capability 9.0 and later unless ``SPECDEC_PDL=0``). ``early``: the
+    early order of :func:`pdl_start` (``None``: the default, on unless ``SPECDEC_PDL_EARLY=0``). A captured graph
     keeps the launches it was captured with."""
-    _PDL_OVERRIDE[0] = enabled
+    _PDL_OVERRIDE[:] = [enabled, early]
     _PDL.clear()
 
 
@@ -71,20 +105,43 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def pdl_launch() -> dict:
-    """Keywords for a kernel launch: ``{"PDL": True, "launch_pdl": True}`` where :func:`pdl_enabled`, else ``{}``
-    (the kernels' ``PDL`` defaults to off). Measured on the H200 (session 25, ``docs/results/fast_s25``): a CUDA
-    graph of dependent small kernels runs 0.24-0.49 us per kernel faster."""
-    override = _PDL_OVERRIDE[0]
-    if INTERPRETED or triton is None or gdc_wait is None or override is False or not _cuda_available():
+def _env_on(name: str, default: str = "1") -> bool:
+    return os.environ.get(name, default) not in ("", "0")
+
+
+#: Bytes per weight row the draft heads' float8 / 4-bit products ask L2 for before their wait (early order only),
+#: and the verify's skinny products: measured on an H100 (session 47, ``docs/fast_path_log.md``).
+PREFETCH_DEFAULTS = {"SPECDEC_PREFETCH": 512, "SPECDEC_PREFETCH_VERIFY": 0}
+
+
+def prefetch_bytes(weight: torch.Tensor, variable: str = "SPECDEC_PREFETCH") -> int:
+    """Bytes per weight row a product asks L2 for before its wait (:func:`prefetch_rows_l2`): ``variable`` names
+    the environment variable that overrides :data:`PREFETCH_DEFAULTS` (``SPECDEC_PREFETCH``: the draft heads'
+    float8 / 4-bit products; ``SPECDEC_PREFETCH_VERIFY``: the skinny kernel, a verify's products; ``0``: none).
+    0 unless the launch is early (:func:`pdl_launch` gives ``PDL == 2``), where a product's programs are resident
+    while the small kernels before it run, and where every row of ``weight`` starts on 16 bytes (the prefetch's
+    alignment; a split's offset within a row is a multiple of the kernels' K chunk)."""
+    if pdl_launch().get("PDL") != 2 or weight.data_ptr() % 16 or (weight.stride(0) * weight.element_size()) % 16:
+        return 0
+    return int(os.environ.get(variable, PREFETCH_DEFAULTS[variable]))
+
+
+def pdl_launch(prefetch: bool = False) -> dict:
+    """Keywords for a kernel launch: ``{"PDL": 2, "launch_pdl": True}`` where :func:`pdl_enabled` (``PDL: True``
+    with the early order off, ``PDL: 3`` with ``prefetch``, for a kernel that calls :func:`pdl_wait` itself), else
+    ``{}`` (the kernels' ``PDL`` defaults to off). Measured: a CUDA graph of dependent small kernels runs 0.24-0.49
+    us per kernel faster (H200, session 25, one ahead); the 7B EAGLE-2 step ~0.2 ms faster early than one ahead
+    (H100, session 47)."""
+    enabled, early = _PDL_OVERRIDE
+    if INTERPRETED or triton is None or gdc_wait is None or enabled is False or not _cuda_available():
         return {}
     key = torch.cuda.current_device()
     kw = _PDL.get(key)
     if kw is None:
-        on = torch.cuda.get_device_capability(key) >= (9, 0) and (
-            override is True or os.environ.get("SPECDEC_PDL", "1") not in ("", "0"))
-        kw = _PDL[key] = {"PDL": True, "launch_pdl": True} if on else {}
-    return kw
+        on = torch.cuda.get_device_capability(key) >= (9, 0) and (enabled is True or _env_on("SPECDEC_PDL"))
+        early = _env_on("SPECDEC_PDL_EARLY") if early is None else early
+        kw = _PDL[key] = {"PDL": 2 if early else True, "launch_pdl": True} if on else {}
+    return {**kw, "PDL": 3} if prefetch and kw.get("PDL") == 2 else kw
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:

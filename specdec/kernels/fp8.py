@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_bytes, prefetch_rows_l2, tl
 from .skinny import skinny_accumulate, skinny_store, split_outputs  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
@@ -227,7 +227,8 @@ def fp8_linear_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, in
 @jit
 def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, o_ptr, c_ptr, M, N, K, K_PER, stride_wn, stride_ys,
                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, EVEN_K: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                       PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_{k in split pid_k} w8[n, k] q[m, k]`` over rows
     ``pid_m * BLOCK_M ...`` (the skinny kernel's loop on float8 operands), times ``ws[n] * xs[m]``; written as
     ``y[m, n]`` (plus the bias, cast) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]``. ``q`` is
@@ -238,6 +239,10 @@ def _linear_fp8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, o_ptr, c_ptr,
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_in, m_in = n < N, m < M
+    if PREFETCH > 0:  # the split's first weight bytes of each row into L2 while the kernels before this one run
+        prefetch_rows_l2(w_ptr + n.to(tl.int64) * stride_wn + pid_k * K_PER,
+                         tl.where(n_in, tl.minimum(K_PER, K - pid_k * K_PER), 0), PREFETCH)
+    pdl_wait(PDL)
     acc = skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, pid_k * K_PER, K, K_PER, stride_wn, K, EVEN_K, BLOCK_M,
                             BLOCK_N, BLOCK_K)
     acc = acc * tl.load(ws_ptr + n, mask=n_in, other=0.0)[:, None] * tl.load(xs_ptr + m, mask=m_in, other=0.0)[None, :]
@@ -262,11 +267,12 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
         grid = (-(-n // block_n), split, -(-rows // block_m))
         out = split_outputs(y, split, grid[0] * grid[2])
         b = bias if bias is not None else w_scale
+        prefetch = prefetch_bytes(w8)
         _linear_fp8_kernel[grid](
             q, x_scale, w8, w_scale, b, out.target, y, out.counter_arg, rows, n, k, k_per, w8.stride(0), out.stride,
             HAS_BIAS=bias is not None, SPLIT=split, FIXUP=out.fixup, EVEN_K=k % (split * block_k) == 0,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-            **pdl_launch(),
+            PREFETCH=prefetch, **pdl_launch(prefetch=prefetch > 0),
         )
         out.finish(b, bias is not None)
     return y

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_bytes, prefetch_rows_l2, tl
 from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, flat_rows, quantize_fp8_rows, quantize_fp8_rows_ref
 from .skinny import skinny_store, split_outputs
 
@@ -214,7 +214,7 @@ def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, o_ptr, cnt_pt
                         stride_ys, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
                         GROUP: tl.constexpr, UNROLL: tl.constexpr,
                         EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        PREFETCH: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k, pid_m)``: ``acc[n, m] = sum_chunks s_lo[n] dot(lo, q_lo) + s_hi[n] dot(hi, q_hi)``
     over the chunks of split ``pid_k`` (``2 * GROUP`` inputs each; ``UNROLL`` of them a step, their products all
     issued before any is scaled, ``CHUNKS_PER`` a multiple of it), times the rows' scales; written as ``y[m, n]``
@@ -227,6 +227,10 @@ def _linear_int4_kernel(q_ptr, xs_ptr, c_ptr, s_ptr, b_ptr, y_ptr, o_ptr, cnt_pt
     n_in, m_in, jj = n < N, m < M, tl.arange(0, GROUP)
     c0 = pid_k * CHUNKS_PER
     c1 = tl.minimum(c0 + CHUNKS_PER, tl.cdiv(K, 2 * GROUP))  # the last split may be shorter
+    if PREFETCH > 0:  # the split's first code bytes of each row into L2 while the kernels before this one run
+        prefetch_rows_l2(c_ptr + n.to(tl.int64) * stride_cn + c0 * GROUP, tl.where(n_in, (c1 - c0) * GROUP, 0),
+                         PREFETCH)
+    pdl_wait(PDL)
     c_ptrs = c_ptr + n[:, None].to(tl.int64) * stride_cn + (c0 * GROUP + jj)[None, :]
     x_ptrs = q_ptr + m[None, :].to(tl.int64) * K + (c0 * 2 * GROUP + jj)[:, None]
     s_ptrs = s_ptr + 2 * c0 * N + n
@@ -276,11 +280,12 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
         grid = (-(-n // block_n), split, -(-rows // block_m))
         out = split_outputs(y, split, grid[0] * grid[2])
         b = bias if bias is not None else scales
+        prefetch = prefetch_bytes(codes)
         _linear_int4_kernel[grid](
             q, x_scale, codes, scales, b, out.target, y, out.counter_arg, rows, n, k, per, codes.stride(0), out.stride,
             HAS_BIAS=bias is not None, SPLIT=split, FIXUP=out.fixup, GROUP=group, UNROLL=unroll,
             EVEN_K=k % (2 * group) == 0, BLOCK_M=block_m, BLOCK_N=block_n, ASM=q.is_cuda, num_warps=num_warps,
-            num_stages=num_stages, **pdl_launch(),
+            num_stages=num_stages, PREFETCH=prefetch, **pdl_launch(prefetch=prefetch > 0),
         )
         out.finish(b, bias is not None)
     return y

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_bytes, prefetch_rows_l2, tl
 from .gemv import check_linear, linear_operands
 
 __all__ = ["SKINNY_MAX_ROWS", "SKINNY_MIN_ROWS", "SKINNY_DTYPES", "SKINNY_DEFAULT_ROWS", "SkinnyConfig",
@@ -202,7 +202,8 @@ def split_outputs(y: torch.Tensor, split: int, tiles: int) -> SplitOutputs:
 @jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, o_ptr, c_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                    stride_ys, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                   PDL: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: ``acc[n, m] = sum_{k in split pid_k} w[n, k] * x[m, k]``; written as ``y[m, n]``
     (cast, plus the bias) when ``SPLIT == 1``, else as float32 partials ``y[pid_k, m, n]`` (with ``FIXUP`` summed
     into ``o`` by the tile's last program: :func:`skinny_store`)."""
@@ -212,6 +213,11 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, o_ptr, c_ptr, M, N, K, K_PER_SPLI
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_in, m_in = n < N, m < M
+    if PREFETCH > 0:  # the split's first weight bytes of each row into L2 while the kernels before this one run
+        row_bytes = tl.minimum(K_PER_SPLIT, K - pid_k * K_PER_SPLIT) * w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        prefetch_rows_l2(w_ptr + n.to(tl.int64) * stride_wn + pid_k * K_PER_SPLIT, tl.where(n_in, row_bytes, 0),
+                         PREFETCH)
+    pdl_wait(PDL)
     acc = skinny_accumulate(w_ptr, x_ptr, n, m, n_in, m_in, pid_k * K_PER_SPLIT, K, K_PER_SPLIT, stride_wn, stride_xm,
                             EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     skinny_store(acc, b_ptr, y_ptr, o_ptr, c_ptr, pid_n, n, m, n_in, m_in, pid_k, stride_ym, stride_ys, HAS_BIAS,
@@ -242,10 +248,12 @@ def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
         even_k = k % (split * block_k) == 0
         out = split_outputs(y, split, -(-n // block_n))
         b = bias if bias is not None else weight
+        prefetch = prefetch_bytes(weight, "SPECDEC_PREFETCH_VERIFY")
         _skinny_kernel[(-(-n // block_n), split)](
             x2, weight, b, out.target, y, out.counter_arg, rows, n, k, k_per_split, x2.stride(0), weight.stride(0), n,
             out.stride, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split, FIXUP=out.fixup, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, PREFETCH=prefetch,
+            **pdl_launch(prefetch=prefetch > 0),
         )
         out.finish(b, bias is not None)
     return y.view(*x.shape[:-1], n)
