@@ -355,6 +355,9 @@ def main(argv=None):
                         help="fast_spec_fr: the head drafts over this many target ids (FR-Spec; 0: skip the row)")
     parser.add_argument("--int4-group", type=int, default=128, choices=(32, 64, 128),
                         help="inputs per scale of fast_spec_fr4's 4-bit head (named in --only to run it)")
+    parser.add_argument("--eagle-fold", action="store_true",
+                        help="EAGLE-2 drafters built with EagleDrafter(fold=True): update + next draft in the verify "
+                        "graph")
     parser.add_argument("--gptfast", default=None, help="anchors folder (holding gptfast/) to time gpt-fast too")
     parser.add_argument("--compile", action="store_true",
                         help="also time the fast path with torch.compile before capture (minutes of compiling)")
@@ -386,14 +389,19 @@ def main(argv=None):
                 context=args.context, shape=shape, shape_name="tiny" if args.tiny else "Llama-2-7B", tree=TREE,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 bandwidth_TBps=bandwidth / 1e12, warmup=args.warmup, reps=args.reps, queued=args.queued,
-                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas(), pdl=pdl_enabled(), ragged=args.ragged)
+                draft_vocab=args.draft_vocab, blas=args.blas or capture_blas(), pdl=pdl_enabled(), ragged=args.ragged,
+                eagle_fold=args.eagle_fold)
     tune = False if args.no_tune_linears else None
     with decode_kernels(skinny_rows=args.skinny_rows, tune_linears=tune):
         meta["skinny_rows"] = decode_settings()["skinny_rows"]
         meta["tune_linears"] = decode_settings()["tune_linears"]
     torch.manual_seed(1)
     head = Eagle1Head.from_target(model)
-    drafter = recipes.eagle2(head, **TREE)
+
+    def eagle2(h):  # --eagle-fold: the update and the next draft inside the verify step's graph (one replay a step)
+        return GraphedDrafter(EagleDrafter(h, DynamicTree(**TREE), fold=True)) if args.eagle_fold else \
+            recipes.eagle2(h, **TREE)
+    drafter = eagle2(head)
     fr_drafter = fr8_drafter = fr4_drafter = None
     V = shape["vocab_size"]
     # the same head's weights, its lm_head cut to draft_vocab random ids (which ids does not change the time)
@@ -401,16 +409,15 @@ def main(argv=None):
     if args.draft_vocab and (not args.only or "fast_spec_fr" in args.only):
         fr_head = Eagle1Head.from_target(model, draft_vocab=kept)
         fr_head.load_state_dict(head.state_dict())
-        fr_drafter = recipes.eagle2(fr_head, **TREE)
+        fr_drafter = eagle2(fr_head)
     if args.draft_vocab and (not args.only or "fast_spec_fr8" in args.only):
         fr8_head = Eagle1Head.from_target(model, draft_vocab=kept)
         fr8_head.load_state_dict(head.state_dict())
-        fr8_drafter = recipes.eagle2(quantize_fp8_(fr8_head.eval().requires_grad_(False)), **TREE)
+        fr8_drafter = eagle2(quantize_fp8_(fr8_head.eval().requires_grad_(False)))
     if args.draft_vocab and args.only and "fast_spec_fr4" in args.only:  # asked for by name only
         fr4_head = Eagle1Head.from_target(model, draft_vocab=kept)
         fr4_head.load_state_dict(head.state_dict())
-        fr4_drafter = recipes.eagle2(quantize_int4_(fr4_head.eval().requires_grad_(False), group=args.int4_group),
-                                     **TREE)
+        fr4_drafter = eagle2(quantize_int4_(fr4_head.eval().requires_grad_(False), group=args.int4_group))
     rows = {}
     with decode_kernels(blas=args.blas, skinny_rows=args.skinny_rows, tune_linears=tune):
         for batch in args.batches:

@@ -68,7 +68,7 @@ from torch import nn
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .fused import FusedDecoder, decode_settings, fused_support
 from .graphs import BoundMark, CapturedStep, _spec, capture_graph, capture_graph_ref, mark_bound, settle_bound
-from .kernels import KVCompactPlan, tree_mask, tree_mask_at
+from .kernels import KVCompactPlan, kept_at_ends, tree_mask, tree_mask_at
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
            "COMPILE_CAPACITY_MULTIPLE", "bucket_for", "capacity_for", "compiled_capture", "static_support",
@@ -1064,11 +1064,9 @@ class StaticAdapter:
         fused = self._store.fused
         prefix_end = not visible and fused is not None and fused.reads_prefix_end(valid.shape[0], size)
 
-        # a constant of the buffers (kept as long as they are): the graph reads it where it lies
-        first = self._const(buf, ("first", size), lambda: torch.arange(size, device=valid.device)[None, :] == 0)
-
         def run(tokens, positions, mask, slots, parents, *extra):
-            present, extra = ((parents >= 0) | first, extra) if root_present else (extra[0], extra[1:])
+            # root_present: the mask kernel finds the present nodes from the parents itself (present=None)
+            present, extra = (None, extra) if root_present else (extra[0], extra[1:])
             # The mask from the device-side write slot (Lc = slots[0]): built inside the graph, nothing on the host.
             tree_mask_at(valid, parents, present, slots[:1], mask)
             if prefix_end:  # the committed slots' count the fused decoder's tree attention reads (see _model_fn)
@@ -1079,7 +1077,7 @@ class StaticAdapter:
             keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], parents[:, :M],
                                            *extra)
             plan.move_to_ends(keep, slots[:1], ends)  # no pending slots before: the first write slot is Lc
-            _kept_at_ends(valid, ends, torch.arange(keep.shape[1], device=keep.device)[None, :], counts)
+            kept_at_ends(valid, ends, counts, keep.shape[1])
             return outputs, keep, counts
         return run
 
@@ -1220,8 +1218,7 @@ class StaticAdapter:
         ends = self._late_ends(buf, state)
         if A:
             buf.compact(keep, counts, state.committed, dest=ends)
-            _kept_at_ends(buf.valid, ends, self._const(
-                buf, ("columns", A), lambda: torch.arange(A, device=keep.device)[None, :]), counts)
+            kept_at_ends(buf.valid, ends, counts, A)
         return self._late_committed(buf, state, A, counts)
 
     @staticmethod
@@ -1254,13 +1251,6 @@ def _node_inputs(present: torch.Tensor | None) -> int:
     """How many per-node inputs past the write slots a :meth:`StaticAdapter.forward_commit` step takes: the parents,
     and ``present`` unless the step finds it from the parents."""
     return 1 if present is None else 2
-
-
-def _kept_at_ends(valid: torch.Tensor, ends: torch.Tensor, columns: torch.Tensor, counts: torch.Tensor) -> None:
-    """After each row's kept slots moved to its end: the row's ``A`` slots from ``ends`` marked valid up to its
-    count, invalid after (nothing past an end is valid), and ``ends += counts`` (``columns``: ``[1, A]`` arange)."""
-    valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
-    ends.add_(counts)
 
 
 def _param_ids(model: nn.Module) -> tuple:

@@ -28,7 +28,7 @@ import torch
 from .adapter import CacheState, ModelAdapter
 from .drafters.base import Drafter, Feedback, ProposeRequest
 from .gating import truncate_draft
-from .kernels import accepted_feedback
+from .kernels import accepted_feedback, packed_tokens, sanitised_ids
 from .sampling import RandomSource, as_source, next_token
 from .types import Draft, SamplingParams, VerifyResult
 from .verify import Verifier, as_verifier, emitted_tokens, select_verifier, verifier_input
@@ -415,7 +415,7 @@ def _folded(decide: Callable, run: Callable) -> Callable:
 def _packed(counts: torch.Tensor, tokens: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
     """What a late tree step copies to the host: per row its count, its tokens, then the bad-id flags
     (``[B, 1 + (K + 1) + N]`` int64; the flags only with a known vocabulary)."""
-    return torch.cat([counts[:, None], tokens] + ([bad.long()] if bad is not None else []), 1)
+    return packed_tokens(counts, tokens, bad)
 
 
 def _late_output(state: DecodeState, cache, draft: Draft, result: VerifyResult, path: torch.Tensor,
@@ -449,8 +449,7 @@ def _sanitised(draft: Draft, vocab: int | None) -> tuple[Draft, torch.Tensor | N
     ``None`` without a known vocabulary)."""
     if vocab is None:
         return draft, None
-    tokens = draft.tokens.clamp(0, vocab - 1)
-    bad = (tokens != draft.tokens) & (draft.parents[:, 1:] >= 0)  # clamping moved exactly the ids outside [0, V)
+    tokens, bad = sanitised_ids(draft.tokens, draft.parents, vocab)  # one launch on CUDA
     return draft._replace(tokens=tokens), bad
 
 

@@ -234,6 +234,27 @@ def test_tree_mask_at_kernel_equals_reference_and_tree_mask(batch, capacity, wid
     assert bool((want[..., end:] == torch.finfo(dtype).min).all())
 
 
+@needs_kernels
+@pytest.mark.parametrize("batch,capacity,width,start,new,dtype", AT_CASES[1:],
+                         ids=[f"B{b}-C{c}-W{w}-Lc{lc}-M{m}-{str(d)[6:]}" for b, c, w, lc, m, d in AT_CASES[1:]])
+def test_tree_mask_at_without_present_takes_the_root_and_the_nodes_with_a_parent(batch, capacity, width, start, new,
+                                                                                 dtype):
+    """``present=None`` (the fast path's verify step, one launch fewer): the mask of ``present = parents >= 0`` or
+    node 0, from the kernel and the reference."""
+    g = torch.Generator().manual_seed(start + new + 1)
+    valid = (torch.rand(batch, capacity, generator=g) < 0.8).to(DEVICE)
+    parents, _ = pending_forest(start * 5 + new, batch, 0, new)
+    parents = parents.to(DEVICE)
+    parents[:, 0] = -1
+    present = (parents >= 0) | (torch.arange(new, device=DEVICE) == 0)
+    first = torch.tensor([start], device=DEVICE)
+    want = sd.kernels.tree_mask_at_ref(valid, parents, present, first, torch.empty(batch, 1, new, width, dtype=dtype,
+                                                                                   device=DEVICE))
+    for fn in (sd.kernels.tree_mask_at_ref, lambda *a: kernel(sd.kernels.tree_mask_at, *a)):
+        got = fn(valid, parents, None, first, torch.full((batch, 1, new, width), 7.0, dtype=dtype, device=DEVICE))
+        assert torch.equal(got, want)
+
+
 def test_tree_mask_at_reads_the_write_slot_from_the_device_and_rejects_bad_input():
     valid = torch.tensor([[True, False, True, True, True, True]])
     parents, present = torch.tensor([[-1, 0, -1]]), torch.tensor([[True, True, False]])
@@ -671,6 +692,63 @@ def test_compact_kv_reference_is_what_the_adapter_commit_does():
         assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
 
 
+@needs_kernels
+@pytest.mark.parametrize("batch,length,width,counts_dtype", [(1, 8, 1, torch.long), (3, 40, 7, torch.long),
+                                                             (5, 300, 64, torch.int32), (2, 12, 0, torch.long)])
+def test_kept_at_ends_kernel_equals_the_scatter_it_replaces(batch, length, width, counts_dtype):
+    """The late commit's ``valid`` / ``ends`` update in one launch: the same ``valid`` bits and ``ends`` as the
+    reference's scatter and add, for random ends (room for ``width`` slots), counts and prior ``valid`` bits."""
+    from specdec.kernels import kept_at_ends, kept_at_ends_ref
+
+    g = torch.Generator().manual_seed(batch * 100 + width)
+    valid = (torch.rand(batch, length, generator=g) < 0.5).to(DEVICE)
+    ends = torch.randint(0, length - width + 1, (batch,), generator=g).to(DEVICE)
+    counts = torch.randint(0, width + 1, (batch,), generator=g).to(DEVICE, counts_dtype)
+    want_valid, want_ends = valid.clone(), ends.clone()
+    kept_at_ends_ref(want_valid, want_ends, counts, width)
+    kernel(kept_at_ends, valid, ends, counts, width)
+    assert torch.equal(valid, want_valid) and torch.equal(ends, want_ends)
+    assert (want_ends <= length).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch,nodes,vocab", [(1, 1, 5), (3, 60, 97), (2, 200, 32000), (4, 0, 9)])
+def test_sanitised_ids_and_packed_tokens_kernels_equal_the_torch_ops_they_replace(batch, nodes, vocab):
+    """The verify step's id clamp (one launch for four) and the host copy's packing (one for two): the same ids,
+    flags and packed rows as the references, ids outside ``[0, V)`` and absent nodes included."""
+    from specdec.kernels import packed_tokens, packed_tokens_ref, sanitised_ids, sanitised_ids_ref
+
+    g = torch.Generator().manual_seed(batch * 7 + nodes)
+    tokens = torch.randint(-3, vocab + 3, (batch, nodes), generator=g).to(DEVICE)
+    parents = torch.randint(-1, max(nodes, 1), (batch, nodes + 1), generator=g).to(DEVICE)
+    want = sanitised_ids_ref(tokens, parents, vocab)
+    got = kernel(sanitised_ids, tokens, parents, vocab)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and want[1].dtype == torch.bool
+    assert bool(((want[0] >= 0) & (want[0] < vocab)).all())
+    emitted = torch.randint(-1, vocab, (batch, 7), generator=g).to(DEVICE)
+    counts = torch.randint(1, 8, (batch,), generator=g).to(DEVICE)
+    for bad in (want[1], None):
+        assert torch.equal(kernel(packed_tokens, counts, emitted, bad), packed_tokens_ref(counts, emitted, bad))
+    strided = torch.randint(0, vocab, (batch, 2 * nodes), generator=g).to(DEVICE)[:, ::2]  # a non-unit stride
+    assert torch.equal(kernel(sanitised_ids, strided, parents, vocab)[0], sanitised_ids_ref(strided, parents, vocab)[0])
+    with pytest.raises(ValueError, match="parents \\[B, N \\+ 1\\]"):
+        sanitised_ids(tokens, parents[:, 1:], vocab)
+    with pytest.raises(ValueError, match="packed_tokens: counts"):
+        packed_tokens(torch.zeros(batch + 1, dtype=torch.long, device=DEVICE), emitted, None)
+
+
+def test_kept_at_ends_rejects_bad_input_with_a_fix():
+    from specdec.kernels import kept_at_ends
+
+    valid, ends = torch.zeros(2, 6, dtype=torch.bool), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="valid \\[B, L\\] bool"):
+        kept_at_ends(valid.int(), ends, ends, 2)
+    with pytest.raises(ValueError, match="width <= L"):
+        kept_at_ends(valid, ends, ends, 7)
+    with pytest.raises(ValueError, match="counts \\[B\\]"):
+        kept_at_ends(valid, ends, torch.zeros(3, dtype=torch.long), 2)
+
+
 def test_compact_kv_rejects_bad_input_with_a_fix():
     keys, values = cache_tensors(0, 2, 2, 1, 6, 4, torch.float32)
     keep, counts = torch.tensor([[0, 1]] * 2, device=DEVICE), torch.tensor([2, 2], device=DEVICE)
@@ -801,7 +879,7 @@ def test_docstring_examples_run():
     import doctest
     import importlib
 
-    for name in ("tree_mask", "verify", "kv_compact", "parallel_inputs", "_dispatch"):
+    for name in ("tree_mask", "verify", "kv_compact", "parallel_inputs", "_dispatch", "emit"):
         module = importlib.import_module(f"specdec.kernels.{name}")
         with kernel_mode("torch"):
             result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -4,7 +4,9 @@ Every op has a kernel (or two), a launcher, a torch reference ``<op>_ref`` with 
 public ``<op>`` that dispatches: the kernel when its tensors are on CUDA and ``triton`` imports, the reference
 otherwise. :func:`kernel_mode` forces either (tests, benchmarks). ``import specdec.kernels`` works without
 triton: the references are used. On Hopper GPUs every kernel uses programmatic dependent launch
-(:func:`pdl_enabled`; :func:`set_pdl` or ``SPECDEC_PDL=0`` turns it off).
+(:func:`pdl_enabled`; :func:`set_pdl` or ``SPECDEC_PDL=0`` turns it off), in the early order (each kernel lets
+the next be scheduled before its own wait; ``SPECDEC_PDL_EARLY=0``: after it), and the draft heads' products ask
+L2 for their first weight bytes before their wait (``SPECDEC_PREFETCH``, bytes per row).
 
 =========================================== ======================================== ===================================
 op                                          replaces                                 launches
@@ -17,7 +19,10 @@ op                                          replaces                            
 :func:`verify_tree_deterministic_noise`     target-only tree rejection under noise    2
 :func:`emitted_tokens`                      :func:`specdec.verify.emitted_tokens`'s ops 1
 :func:`accepted_feedback`                   the drafter feedback in ``step()``        1 (per 4 equal feature tensors)
+:func:`sanitised_ids`                       ``step()``'s clamp of draft ids            1 (4 torch launches)
+:func:`packed_tokens`                       ``step()``'s tokens for the host           1 (2 torch launches)
 :func:`compact_kv`                          ``ModelAdapter.commit``'s per-layer loop  1 (per group of equal layers)
+:func:`kept_at_ends`                        a late commit's ``valid`` / ``ends`` update  1 (5 torch launches)
 :func:`parallel_draft_inputs`               P-EAGLE input preparation                 1
 :func:`ngram_chain`                         prompt lookup's search and chain (~65)    1
 :func:`linear_rows`                         ``F.linear`` of a decode step (<= 16 rows) 1
@@ -78,6 +83,10 @@ from .emit import (
                         accepted_feedback_ref,
                         emitted_tokens,
                         emitted_tokens_ref,
+                        packed_tokens,
+                        packed_tokens_ref,
+                        sanitised_ids,
+                        sanitised_ids_ref,
 )
 from .fp8 import (
                         FP8_DTYPE,
@@ -104,7 +113,7 @@ from .int4 import (
                         pack_int4,
                         unpack_int4,
 )
-from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref
+from .kv_compact import KVCompactPlan, compact_kv, compact_kv_ref, kept_at_ends, kept_at_ends_ref
 from .ngram import (
                         NGRAM_BLOCK,
                         NgramChain,
@@ -170,9 +179,10 @@ __all__ = [
     "verify_greedy", "verify_greedy_ref",
     "VerifyNoise", "draw_verify_noise", "verify_chain_noise", "verify_chain_noise_ref",
     "verify_tree_deterministic_noise", "verify_tree_deterministic_noise_ref",
-    "emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref",
+    "emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "sanitised_ids",
+    "sanitised_ids_ref", "packed_tokens", "packed_tokens_ref",
     "FeedbackRows",
-    "compact_kv", "compact_kv_ref", "KVCompactPlan",
+    "compact_kv", "compact_kv_ref", "KVCompactPlan", "kept_at_ends", "kept_at_ends_ref",
     "ngram_chain", "ngram_chain_ref", "NgramChain", "chain_layout", "find_ngram_continuations",
     "find_ngram_continuations_ref", "NGRAM_BLOCK",
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",

@@ -19,7 +19,8 @@ import torch
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, pdl_launch, pdl_start, tl
 
-__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "FeedbackRows"]
+__all__ = ["emitted_tokens", "emitted_tokens_ref", "accepted_feedback", "accepted_feedback_ref", "FeedbackRows",
+           "sanitised_ids", "sanitised_ids_ref", "packed_tokens", "packed_tokens_ref"]
 
 
 def _check(draft_tokens, accepted_nodes, num_accepted, next_tokens) -> tuple[int, int]:
@@ -332,3 +333,131 @@ def accepted_feedback(roots: torch.Tensor, tokens: torch.Tensor, keep_counts: to
     if use_kernel("accepted_feedback", roots, tokens, keep_counts, lengths, *features):
         return _accepted_feedback_triton(roots, tokens, keep_counts, lengths, width, features, nodes)
     return accepted_feedback_ref(roots, tokens, keep_counts, lengths, width, features, nodes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fast path's verify step around the verification: draft ids clamped into the vocabulary; the host's copy packed
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_ids(tokens, parents, vocab) -> None:
+    if tokens.dim() != 2 or parents.dim() != 2 or parents.shape != (tokens.shape[0], tokens.shape[1] + 1) \
+            or tokens.dtype.is_floating_point or parents.dtype.is_floating_point or not isinstance(vocab, int) \
+            or vocab < 1:
+        raise ValueError(f"sanitised_ids: tokens [B, N] and parents [B, N + 1] integer (Draft.tokens, "
+                         f"Draft.parents) and an int vocab >= 1; got tokens {tuple(tokens.shape)} {tokens.dtype}, "
+                         f"parents {tuple(parents.shape)} {parents.dtype}, vocab {vocab!r}")
+
+
+def sanitised_ids_ref(tokens: torch.Tensor, parents: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`sanitised_ids` (same arguments and results): a clamp, two compares and an ``and``."""
+    _check_ids(tokens, parents, vocab)
+    clamped = tokens.clamp(0, vocab - 1)
+    return clamped, (clamped != tokens) & (parents[:, 1:] >= 0)  # clamping moved exactly the ids outside [0, V)
+
+
+@jit
+def _sanitise_kernel(tokens_ptr, parents_ptr, out_ptr, bad_ptr, N, vocab, stride_t, stride_p, stride_o, stride_b,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Program ``b``: ``out[b] = clamp(tokens[b], 0, vocab - 1)``, ``bad[b] = moved & parents[b, 1:] >= 0``."""
+    pdl_start(PDL)
+    b = tl.program_id(0)
+    j = tl.arange(0, BLOCK)
+    inside = j < N
+    t = tl.load(tokens_ptr + b * stride_t + j, mask=inside, other=0)
+    parent = tl.load(parents_ptr + b * stride_p + 1 + j, mask=inside, other=-1)
+    clamped = tl.minimum(tl.maximum(t, 0), vocab - 1)
+    tl.store(out_ptr + b * stride_o + j, clamped, mask=inside)
+    tl.store(bad_ptr + b * stride_b + j, ((clamped != t) & (parent >= 0)).to(tl.uint8), mask=inside)
+
+
+def sanitised_ids(tokens: torch.Tensor, parents: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft's ids clamped into ``[0, vocab)``, and which present drafts held an id outside it; one launch on
+    CUDA (the reference's clamp, compares and ``and`` are four), nothing read on the host.
+
+    Math: ``clamped = clamp(tokens, 0, vocab - 1)``; ``bad[b, i] = clamped[b, i] != tokens[b, i] and
+    parents[b, i + 1] >= 0`` (node ``i + 1`` holds ``tokens[:, i]``; absent nodes are never bad).
+
+    Args:
+        tokens: Shape ``[B, N]`` int64 (other integer types: the reference), a draft's tokens.
+        parents: Shape ``[B, N + 1]`` int64, its parents (``-1``: none; node 0 is the root).
+        vocab: the target's vocabulary size.
+
+    Returns:
+        ``(clamped [B, N] int64, bad [B, N] bool)``.
+
+    Example:
+        >>> clamped, bad = sanitised_ids(torch.tensor([[5, -2, 9]]), torch.tensor([[-1, 0, 0, -1]]), 8)
+        >>> clamped.tolist(), bad.int().tolist()
+        ([[5, 0, 7]], [[0, 1, 0]])
+    """
+    if not use_kernel("sanitised_ids", tokens, parents) or tokens.dtype != torch.long or parents.dtype != torch.long:
+        return sanitised_ids_ref(tokens, parents, vocab)
+    _check_ids(tokens, parents, vocab)
+    tokens = tokens if tokens.stride(1) == 1 else tokens.contiguous()
+    parents = parents if parents.stride(1) == 1 else parents.contiguous()
+    batch, n = tokens.shape
+    clamped = torch.empty_like(tokens, memory_format=torch.contiguous_format)
+    bad = torch.empty(batch, n, dtype=torch.bool, device=tokens.device)
+    if batch and n:
+        _sanitise_kernel[(batch,)](tokens, parents, clamped, bad.view(torch.uint8), n, vocab, tokens.stride(0),
+                                   parents.stride(0), clamped.stride(0), bad.stride(0), BLOCK=next_pow2(n),
+                                   num_warps=1, **pdl_launch())
+    return clamped, bad
+
+
+def packed_tokens_ref(counts: torch.Tensor, tokens: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
+    """Reference for :func:`packed_tokens` (same arguments and result): a concatenation."""
+    return torch.cat([counts[:, None].long(), tokens] + ([bad.long()] if bad is not None else []), 1)
+
+
+@jit
+def _pack_kernel(counts_ptr, tokens_ptr, bad_ptr, out_ptr, T, N, stride_t, stride_b, stride_o, HAS_BAD: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    """Program ``b``: ``out[b] = [counts[b], tokens[b, :T], bad[b, :N]]``."""
+    pdl_start(PDL)
+    b = tl.program_id(0)
+    row = out_ptr + b * stride_o
+    tl.store(row, tl.load(counts_ptr + b).to(tl.int64))
+    t = tl.arange(0, BLOCK_T)
+    tl.store(row + 1 + t, tl.load(tokens_ptr + b * stride_t + t, mask=t < T), mask=t < T)
+    if HAS_BAD:
+        i = tl.arange(0, BLOCK_N)
+        flags = tl.load(bad_ptr + b * stride_b + i, mask=i < N, other=0)
+        tl.store(row + 1 + T + i, flags.to(tl.int64), mask=i < N)
+
+
+def packed_tokens(counts: torch.Tensor, tokens: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
+    """What a late tree step copies to the host, in one tensor: per row its count, its emitted tokens, then its
+    draft ids' bad flags (one launch on CUDA: the reference's cast and concatenation are two).
+
+    Args:
+        counts: Shape ``[B]`` integer, tokens emitted per row.
+        tokens: Shape ``[B, T]`` int64, the emitted tokens (:func:`emitted_tokens`).
+        bad: Shape ``[B, N]`` bool (:func:`sanitised_ids`), or ``None``.
+
+    Returns:
+        Shape ``[B, 1 + T (+ N)]`` int64.
+
+    Example:
+        >>> packed_tokens(torch.tensor([2]), torch.tensor([[4, 7, -1]]), torch.tensor([[False, True]])).tolist()
+        [[2, 4, 7, -1, 0, 1]]
+    """
+    if tokens.dim() != 2 or tokens.dtype != torch.long or tuple(counts.shape) != (tokens.shape[0],) or (
+            bad is not None and (bad.dim() != 2 or bad.dtype != torch.bool or bad.shape[0] != tokens.shape[0])):
+        raise ValueError(f"packed_tokens: counts [B], tokens [B, T] int64 and bad [B, N] bool or None; got counts "
+                         f"{tuple(counts.shape)}, tokens {tuple(tokens.shape)} {tokens.dtype}, bad "
+                         f"{None if bad is None else (tuple(bad.shape), bad.dtype)}")
+    if not use_kernel("packed_tokens", counts, tokens, *([] if bad is None else [bad])):
+        return packed_tokens_ref(counts, tokens, bad)
+    tokens = tokens if tokens.stride(1) == 1 else tokens.contiguous()
+    bad = bad if bad is None or bad.stride(1) == 1 else bad.contiguous()
+    batch, t = tokens.shape
+    n = 0 if bad is None else bad.shape[1]
+    out = torch.empty(batch, 1 + t + n, dtype=torch.long, device=tokens.device)
+    if batch:
+        flags = bad.view(torch.uint8) if bad is not None else tokens
+        _pack_kernel[(batch,)](counts, tokens, flags, out, t, n, tokens.stride(0), flags.stride(0), out.stride(0),
+                               HAS_BAD=bad is not None, BLOCK_T=next_pow2(max(t, 1)), BLOCK_N=next_pow2(max(n, 1)),
+                               num_warps=1, **pdl_launch())
+    return out

@@ -25,7 +25,7 @@ import torch
 from ._dispatch import use_kernel
 from ._triton import jit, next_pow2, pdl_launch, pdl_start, pointer_table, tl
 
-__all__ = ["compact_kv", "compact_kv_ref", "KVCompactPlan"]
+__all__ = ["compact_kv", "compact_kv_ref", "KVCompactPlan", "kept_at_ends", "kept_at_ends_ref"]
 
 
 def _check(keys, values, keep, counts, committed_len, inplace, dest=None) -> tuple[int, int]:
@@ -399,3 +399,65 @@ def compact_kv(
     if use_kernel("compact_kv", *tensors):
         return _compact_kv_triton(keys, values, keep, counts, committed_len, inplace, prefix, dest)
     return compact_kv_ref(keys, values, keep, counts, committed_len, inplace=inplace, prefix=prefix, dest=dest)
+
+
+def _check_kept(valid: torch.Tensor, ends: torch.Tensor, counts: torch.Tensor, width: int) -> None:
+    if valid.dim() != 2 or valid.dtype != torch.bool or tuple(ends.shape) != (valid.shape[0],) \
+            or tuple(counts.shape) != (valid.shape[0],) or not 0 <= width <= valid.shape[1]:
+        raise ValueError(f"kept_at_ends: valid [B, L] bool, ends [B] and counts [B] with B = valid.shape[0], and "
+                         f"0 <= width <= L; got valid {tuple(valid.shape)} {valid.dtype}, ends {tuple(ends.shape)}, "
+                         f"counts {tuple(counts.shape)}, width {width}")
+
+
+def kept_at_ends_ref(valid: torch.Tensor, ends: torch.Tensor, counts: torch.Tensor, width: int) -> None:
+    """Reference for :func:`kept_at_ends`, same arguments: a scatter and an add (five torch launches on CUDA)."""
+    _check_kept(valid, ends, counts, width)
+    if width:
+        columns = torch.arange(width, device=valid.device)[None, :]
+        valid.scatter_(1, ends[:, None] + columns, columns < counts[:, None])
+    ends.add_(counts)
+
+
+@jit
+def _kept_at_ends_kernel(valid_ptr, ends_ptr, counts_ptr, stride_v, width, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    """Program ``b``: ``valid[b, ends[b] + j] = j < counts[b]`` for ``j < width``, then ``ends[b] += counts[b]``
+    (``valid`` as bytes)."""
+    pdl_start(PDL)
+    b = tl.program_id(0)
+    end = tl.load(ends_ptr + b)
+    count = tl.load(counts_ptr + b)
+    j = tl.arange(0, BLOCK)
+    tl.store(valid_ptr + b.to(tl.int64) * stride_v + end + j, (j < count).to(tl.uint8), mask=j < width)
+    tl.store(ends_ptr + b, end + count)
+
+
+def kept_at_ends(valid: torch.Tensor, ends: torch.Tensor, counts: torch.Tensor, width: int) -> None:
+    """After each row's kept slots moved to its end (:meth:`KVCompactPlan.move_to_ends`): the row's ``width``
+    slots from ``ends`` marked valid up to its count and invalid after, then ``ends += counts``; in place, one
+    launch on CUDA (the reference's scatter and add are five), nothing read on the host.
+
+    Math, per row ``b`` and ``j < width``: ``valid[b, ends[b] + j] = j < counts[b]``; ``ends[b] += counts[b]``.
+    The caller guarantees ``ends[b] + width <= L``.
+
+    Args:
+        valid: Shape ``[B, L]`` bool (written).
+        ends: Shape ``[B]`` int64 (written).
+        counts: Shape ``[B]`` integer, ``0 <= counts[b] <= width``.
+        width: ``A``, the slots written per row.
+
+    Example:
+        >>> valid, ends = torch.zeros(2, 6, dtype=torch.bool), torch.tensor([1, 2])
+        >>> kept_at_ends(valid, ends, torch.tensor([2, 0]), 3)
+        >>> valid.int().tolist(), ends.tolist()
+        ([[0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]], [3, 2])
+    """
+    if not use_kernel("kept_at_ends", valid, ends, counts):
+        return kept_at_ends_ref(valid, ends, counts, width)
+    _check_kept(valid, ends, counts, width)
+    if valid.stride(1) != 1 or ends.dtype != torch.long:
+        raise ValueError(f"kept_at_ends: the kernel needs valid unit-stride along L and ends int64, got strides "
+                         f"{valid.stride()} and {ends.dtype}")
+    counts = counts if counts.dtype == torch.long else counts.long()
+    _kept_at_ends_kernel[(valid.shape[0],)](valid.view(torch.uint8), ends, counts, valid.stride(0), width,
+                                             BLOCK=next_pow2(max(width, 16)), num_warps=1, **pdl_launch())

@@ -306,7 +306,9 @@ def _check_at(valid, parents, present, start, out) -> tuple[int, int, int]:
                          f"node's parent among the M new nodes, -1 for none), got {getattr(parents, 'dtype', None)} "
                          f"{tuple(getattr(parents, 'shape', ()))}")
     nodes = parents.shape[1]
-    if not isinstance(present, torch.Tensor) or present.dtype != torch.bool or tuple(present.shape) != (batch, nodes):
+    if present is None:  # the root and every node with a parent
+        present = parents
+    elif not isinstance(present, torch.Tensor) or present.dtype != torch.bool or tuple(present.shape) != (batch, nodes):
         raise ValueError(f"tree_mask_at: present must be a bool tensor of shape [B, M] = [{batch}, {nodes}] (which "
                          f"new nodes are real), got {getattr(present, 'dtype', None)} "
                          f"{tuple(getattr(present, 'shape', ()))}")
@@ -328,6 +330,8 @@ def tree_mask_at_ref(valid: torch.Tensor, parents: torch.Tensor, present: torch.
                      out: torch.Tensor) -> torch.Tensor:
     """Reference for :func:`tree_mask_at` (same arguments and result), with torch ops and no host sync."""
     batch, nodes, width = _check_at(valid, parents, present, start, out)
+    if present is None:
+        present = (parents >= 0) | (torch.arange(nodes, device=parents.device) == 0)
     cols = torch.arange(width, device=out.device)
     first = start.reshape(())
     seen = ((cols < first) & valid[:, :width])[:, None, :] & present[:, :, None]  # [B, M, W]
@@ -343,14 +347,18 @@ def tree_mask_at_ref(valid: torch.Tensor, parents: torch.Tensor, present: torch.
 @jit
 def _tree_mask_at_kernel(valid_ptr, parents_ptr, present_ptr, start_ptr, out_ptr, fill_ptr, M, W,
                          stride_vb, stride_pb, stride_rb, stride_ob, stride_oq,
-                         BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False):
+                         ROOTED: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_T: tl.constexpr,
+                         PDL: tl.constexpr = False):
     pdl_start(PDL)
     query = tl.program_id(0)
     row = tl.program_id(1)
     zero = tl.load(fill_ptr)
     hidden = tl.load(fill_ptr + 1)
     first = tl.load(start_ptr)
-    present = tl.load(present_ptr + row * stride_rb + query) != 0
+    if ROOTED:  # no present tensor: the root and every node with a parent
+        present = (query == 0) | (tl.load(parents_ptr + row * stride_pb + query) >= 0)
+    else:
+        present = tl.load(present_ptr + row * stride_rb + query) != 0
     out_row = out_ptr + row * stride_ob + query * stride_oq
     # Every column but the new nodes' own: a valid committed slot below `first` if the node is real; else hidden.
     for base in range(0, W, BLOCK_L):
@@ -396,7 +404,8 @@ def tree_mask_at(valid: torch.Tensor, parents: torch.Tensor, present: torch.Tens
         valid: Shape ``[B, C]`` bool, which cache slots hold real tokens (only those below ``Lc`` are read).
         parents: Shape ``[B, M]`` int64, each new node's parent among the new nodes (``-1``: none); parents
             precede their children.
-        present: Shape ``[B, M]`` bool, which new nodes are real.
+        present: Shape ``[B, M]`` bool, which new nodes are real; ``None``: node 0 and every node with a parent
+            (found in the same launch).
         start: Shape ``[1]`` int64, ``Lc`` (e.g. ``slots[:1]`` of the forward's write slots).
         out: Shape ``[B, 1, M, W]`` floating, ``W <= C``, unit last stride: written whole.
 
@@ -410,14 +419,16 @@ def tree_mask_at(valid: torch.Tensor, parents: torch.Tensor, present: torch.Tens
         [[0, 1, 1, 0], [0, 1, 1, 1]]
     """
     _check_at(valid, parents, present, start, out)
-    if not use_kernel("tree_mask_at", valid, parents, present, start, out):
+    if not use_kernel("tree_mask_at", valid, parents, start, out):
         return tree_mask_at_ref(valid, parents, present, start, out)
     batch, nodes = parents.shape
     if batch and nodes:
+        rooted = present is None
+        present = parents if rooted else present.view(torch.uint8)  # never read when rooted
         _tree_mask_at_kernel[(nodes, batch)](
-            valid.view(torch.uint8), parents, present.view(torch.uint8), start, out,
-            _fill_values(out.dtype, out.device), nodes, out.shape[-1], valid.stride(0), parents.stride(0),
-            present.stride(0), out.stride(0), out.stride(2), BLOCK_L=512, BLOCK_T=next_pow2(nodes), **pdl_launch())
+            valid.view(torch.uint8), parents, present, start, out, _fill_values(out.dtype, out.device), nodes,
+            out.shape[-1], valid.stride(0), parents.stride(0), present.stride(0), out.stride(0), out.stride(2),
+            ROOTED=rooted, BLOCK_L=512, BLOCK_T=next_pow2(nodes), **pdl_launch())
     return out
 
 

@@ -74,3 +74,15 @@ for title, d in (("not specdec's", other), ("specdec's", mine)):
           f"idle before them {sum(v[2] for v in d.values()) / N:.0f} us")
     for k, (c, b, g) in sorted(d.items(), key=lambda kv: -kv[1][1])[:int(os.environ.get("TOP", "40"))]:
         print(f"   {c / N:6.1f}x  busy {b / N:7.1f}  idle-before {g / N:6.1f}   {k}")
+
+if os.environ.get("SEQ"):  # one step's kernels that are not specdec's, in order, with their neighbours
+    per = len(ks) // N
+    step_ks = ks[per * (N // 2): per * (N // 2 + 1)]
+    print(f"-- one step's non-specdec kernels in order ({per} kernels a step): idle before, index, kernel, "
+          "previous -> next")
+    for i, (s, _e, name) in enumerate(step_ks):
+        if not ours(name):
+            gap = s - step_ks[i - 1][1] if i else 0.0
+            prev = step_ks[i - 1][2][:28] if i else "-"
+            nxt = step_ks[i + 1][2][:28] if i + 1 < len(step_ks) else "-"
+            print(f"   {gap:6.1f} us  #{i:3d}  {name[:60]:60s}  {prev} -> {nxt}")
