@@ -82,3 +82,26 @@ def test_the_4bit_head_row_runs_when_named_at_any_group_size():
     for group in ("32", "128"):  # the tiny head is 64 wide: padded to 256 at 128 inputs per scale
         rows = bench.main(args + ["--int4-group", group])
         assert not rows[1].get("errors") and rows[1]["fast_spec_fr4"] > 0 and "fast_spec_fr8" not in rows[1]
+
+
+def test_eagle_fold_builds_folding_drafters_for_the_speculative_rows():
+    """``--eagle-fold``: the EAGLE-2 rows run on ``EagleDrafter(fold=True)`` (the update and next draft inside the
+    verify step where the device captures) and still time a step."""
+    from specdec.graphs import GraphedDrafter
+
+    bench = _bench()
+    made = []
+    real = GraphedDrafter.__init__
+
+    def spy(self, drafter, *args, **kwargs):
+        made.append(drafter)
+        real(self, drafter, *args, **kwargs)
+    GraphedDrafter.__init__ = spy
+    try:
+        rows = bench.main(["--tiny", "--batches", "1", "--reps", "1", "--warmup", "1", "--context", "16",
+                           "--draft-vocab", "40", "--only", "fast_spec_fr8", "--eagle-fold"])
+    finally:
+        GraphedDrafter.__init__ = real
+    assert not rows[1].get("errors") and rows[1]["fast_spec_fr8"] > 0
+    eagles = [d for d in made if type(d).__name__ == "EagleDrafter"]
+    assert eagles and all(d.folds_drafts for d in eagles)
