@@ -115,6 +115,31 @@ def test_embed_concat_equals_the_embedding_then_a_concatenation(device, dtype):
         embed_concat(ids, table, hidden[:1])
 
 
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_table_rows_and_last_rows_equal_the_torch_ops_they_replace(device, dtype):
+    """The EAGLE drafter's RoPE rows (a clamp and a gather, one launch) and its update's last real entries (a clamp,
+    a gather, a compare and a where, one launch): bit for bit, stale positions and rows without an entry included."""
+    from specdec.kernels import last_rows, last_rows_ref, table_rows, table_rows_ref
+
+    table = _randn(40, 2, 1100, seed=11, device=device, dtype=dtype)  # rows wider than one program's block
+    positions = torch.tensor([[0, 39, 41, -3], [5, 5, 7, 100]], device=device)  # past both ends: clamped
+    with kernel_mode("triton"):
+        got = table_rows(table, positions)
+    assert got.shape == (2, 4, 2, 1100) and torch.equal(got, table_rows_ref(table, positions))
+    assert torch.equal(got[0, 2], table[39]) and torch.equal(got[0, 3], table[0])
+    x = _randn(3, 5, 1300, seed=12, device=device, dtype=dtype)[:, :, :1200]  # strided rows
+    fallback = _randn(3, 1200, seed=13, device=device, dtype=torch.float32)
+    last = torch.tensor([4, -1, 0], device=device)
+    with kernel_mode("triton"):
+        picked = last_rows(x, last, fallback)
+    assert torch.equal(picked, last_rows_ref(x, last, fallback)) and picked.dtype == dtype
+    assert torch.equal(picked[1], fallback[1].to(dtype)) and torch.equal(picked[0], x[0, 4])
+    with pytest.raises(ValueError, match="fallback \\[B, H\\]"):
+        last_rows(x, last, fallback[:, :5])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="bf16 on the GPU")
 def test_bf16_results_are_within_one_unit_of_the_references_on_the_gpu():
     x, r = _randn(4, 4096, seed=1, device="cuda", dtype=torch.bfloat16), _randn(4, 4096, seed=2, device="cuda",

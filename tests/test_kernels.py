@@ -879,7 +879,7 @@ def test_docstring_examples_run():
     import doctest
     import importlib
 
-    for name in ("tree_mask", "verify", "kv_compact", "parallel_inputs", "_dispatch", "emit"):
+    for name in ("tree_mask", "verify", "kv_compact", "parallel_inputs", "_dispatch", "emit", "decoder_ops"):
         module = importlib.import_module(f"specdec.kernels.{name}")
         with kernel_mode("torch"):
             result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -34,7 +34,7 @@ import torch
 
 from ..graphs import BoundMark, Step, mark_bound, run_step, settle_bound, static_buffers
 from ..heads.eagle import Eagle1Head, Eagle3Head, HeadCache
-from ..kernels import head_tree_mask, head_update_mask
+from ..kernels import head_tree_mask, head_update_mask, last_rows, table_rows
 from ..trees.dynamic import VocabMap
 from ..trees.static import as_policy
 from ..types import Draft, DraftScheme
@@ -80,9 +80,10 @@ class _Tables(NamedTuple):
 
 
 def _rope_rows(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``head.rotary(positions, dtype)`` read from a :class:`_Tables` ``rope`` table (two launches: a clamp, so that
-    no stale position of a padded entry indexes past the table, and the gather): ``(cos, sin)``, ``[B, 1, T, d]``."""
-    rows = table[positions.clamp(0, table.shape[0] - 1)]  # [B, T, 2, d]
+    """``head.rotary(positions, dtype)`` read from a :class:`_Tables` ``rope`` table (one launch on CUDA: the rows at
+    the positions clamped into the table, so that no stale position of a padded entry indexes past it):
+    ``(cos, sin)``, ``[B, 1, T, d]``."""
+    rows = table_rows(table, positions)  # [B, T, 2, d]
     return rows[:, None, :, 0], rows[:, None, :, 1]
 
 
@@ -321,8 +322,7 @@ class EagleDrafter:
         plan = head_update_mask(lengths, positions, valid.bool(), cache.capacity, mask_dtype)
         rope = _rope_rows(tables.rope, positions)
         out = head(next_tokens, hidden, positions, plan.mask, cache, plan.slots, rope=rope)
-        picked = out.gather(1, plan.last.clamp(min=0)[:, None, None].expand(B, 1, out.shape[-1]))[:, 0]
-        return plan.lengths, torch.where((plan.last >= 0)[:, None], picked, last_hidden.to(picked.dtype))
+        return plan.lengths, last_rows(out, plan.last, last_hidden)  # a row with no real entry keeps its last one
 
     def _draft(self, cache: HeadCache, tables: _Tables, to_target, lengths: torch.Tensor,
                root_positions: torch.Tensor, last_hidden: torch.Tensor, depth: int, request: ProposeRequest) -> Draft:

@@ -37,6 +37,8 @@ op                                          replaces                            
 :func:`rope_store`                          RoPE + KV-cache writes (fused decoder)    1
 :func:`silu_mul`                            SwiGLU's ``silu(gate) * up``             1
 :func:`embed_concat`                        a draft head's ``cat([embedding, hidden])`` 1
+:func:`table_rows`                          the EAGLE drafter's RoPE rows (clamp, gather) 1
+:func:`last_rows`                           the EAGLE update's last real entries (4 ops)  1
 :func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries;
                                                                                      past 1,024 for <= 16 rows)
 :func:`log_softmax_topk`                    ``log_softmax`` + ``torch.topk`` (same)   1 (2-3, as above)
@@ -63,10 +65,14 @@ from .decoder_ops import (
                         add_rms_norm_ref,
                         embed_concat,
                         embed_concat_ref,
+                        last_rows,
+                        last_rows_ref,
                         rope_store,
                         rope_store_ref,
                         silu_mul,
                         silu_mul_ref,
+                        table_rows,
+                        table_rows_ref,
 )
 from .dynamic_tree import (
                         TreeCandidates,
@@ -188,7 +194,7 @@ __all__ = [
     "ParallelDraftInputs", "parallel_draft_inputs", "parallel_draft_inputs_ref",
     "decode_attention", "decode_attention_ref", "decode_split",
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
-    "embed_concat", "embed_concat_ref",
+    "embed_concat", "embed_concat_ref", "table_rows", "table_rows_ref", "last_rows", "last_rows_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref", "use_split_fixup",
     "tuned_linear_config", "linear_picks", "clear_linear_picks",

@@ -29,7 +29,7 @@ from .fp8 import _ONE_PASS_MAX as ROW_FP8_MAX  # the widest row rounded to float
 from .fp8 import FP8_DTYPE, Fp8Rows, store_fp8_row
 
 __all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
-           "embed_concat", "embed_concat_ref"]
+           "embed_concat", "embed_concat_ref", "table_rows", "table_rows_ref", "last_rows", "last_rows_ref"]
 
 
 # ---------------------------------------------------------------------------------------------- add + RMSNorm
@@ -410,3 +410,121 @@ def embed_concat(ids: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor, *
     if fp8_out:
         return Fp8Rows(out.view(*ids.shape, E + H), scale.view(ids.shape), hidden.dtype)
     return out.view(*ids.shape, E + H)
+
+
+def table_rows_ref(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`table_rows` (same arguments and result): a clamp and a gather."""
+    _check_table_rows(table, index)
+    return table[index.clamp(0, table.shape[0] - 1)]
+
+
+def _check_table_rows(table: torch.Tensor, index: torch.Tensor) -> None:
+    if table.dim() < 1 or index.dtype.is_floating_point or index.dtype == torch.bool or table.device != index.device:
+        raise ValueError(f"table_rows: a table [N, ...] and an integer index on its device, got table "
+                         f"{tuple(table.shape)} on {table.device}, index {index.dtype} on {index.device}")
+
+
+@jit
+def _table_rows_kernel(table_ptr, index_ptr, out_ptr, N, W, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Program ``r``: ``out[r] = table[clamp(index[r], 0, N - 1)]`` (rows of ``W`` contiguous elements)."""
+    pdl_start(PDL)
+    r = tl.program_id(0)
+    row = tl.minimum(tl.maximum(tl.load(index_ptr + r), 0), N - 1).to(tl.int64)
+    for base in range(0, W, BLOCK):
+        cols = base + tl.arange(0, BLOCK)
+        tl.store(out_ptr + r.to(tl.int64) * W + cols, tl.load(table_ptr + row * W + cols, mask=cols < W), mask=cols < W)
+
+
+def table_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of ``table`` at ``index`` clamped into ``[0, N)``: ``table[index.clamp(0, N - 1)]`` in one launch on CUDA
+    (the reference's clamp and gather are two). The EAGLE drafter reads its RoPE rows so (a padded entry's stale
+    position never indexes past the table).
+
+    Args:
+        table: Shape ``[N, ...]``.
+        index: Shape any, integer.
+
+    Returns:
+        Shape ``[*index.shape, *table.shape[1:]]``, ``table``'s dtype.
+
+    Example:
+        >>> table_rows(torch.arange(6.0).view(3, 2), torch.tensor([[2, -1], [7, 1]])).tolist()
+        [[[4.0, 5.0], [0.0, 1.0]], [[4.0, 5.0], [2.0, 3.0]]]
+    """
+    if not use_kernel("table_rows", table, index):
+        return table_rows_ref(table, index)
+    _check_table_rows(table, index)
+    rows = table.reshape(table.shape[0], -1)
+    rows = rows if rows.is_contiguous() else rows.contiguous()
+    flat = index.reshape(-1)
+    out = torch.empty(flat.numel(), rows.shape[1], dtype=table.dtype, device=table.device)
+    if flat.numel() and rows.shape[1] and table.shape[0]:
+        _table_rows_kernel[(flat.numel(),)](rows, flat, out, table.shape[0], rows.shape[1],
+                                            BLOCK=min(1024, next_pow2(rows.shape[1])), num_warps=1, **pdl_launch())
+    return out.view(*index.shape, *table.shape[1:])
+
+
+def last_rows_ref(x: torch.Tensor, last: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`last_rows` (same arguments and result): a clamp, a gather, a compare and a ``where``."""
+    _check_last_rows(x, last, fallback)
+    B, _, H = x.shape
+    picked = x.gather(1, last.clamp(min=0)[:, None, None].expand(B, 1, H))[:, 0]
+    return torch.where((last >= 0)[:, None], picked, fallback.to(picked.dtype))
+
+
+def _check_last_rows(x, last, fallback) -> None:
+    if x.dim() != 3 or tuple(last.shape) != (x.shape[0],) or tuple(fallback.shape) != (x.shape[0], x.shape[2]) \
+            or last.dtype.is_floating_point:
+        raise ValueError(f"last_rows: x [B, M, H], last [B] integer and fallback [B, H]; got x {tuple(x.shape)}, "
+                         f"last {tuple(last.shape)} {last.dtype}, fallback {tuple(fallback.shape)}")
+
+
+@jit
+def _last_rows_kernel(x_ptr, last_ptr, fb_ptr, out_ptr, M, H, sxb, sxm, sfb, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    """Program ``b``: ``out[b] = x[b, last[b]]`` if ``last[b] >= 0``, else ``fallback[b]`` (already in ``x``'s
+    dtype)."""
+    pdl_start(PDL)
+    b = tl.program_id(0)
+    last = tl.load(last_ptr + b)
+    row = tl.minimum(tl.maximum(last, 0), M - 1).to(tl.int64)
+    for base in range(0, H, BLOCK):
+        cols = base + tl.arange(0, BLOCK)
+        inside = cols < H
+        take = (cols * 0 + last) >= 0  # the row's choice, as a block
+        picked = tl.load(x_ptr + b.to(tl.int64) * sxb + row * sxm + cols, mask=inside & take)
+        kept = tl.load(fb_ptr + b.to(tl.int64) * sfb + cols, mask=inside & ~take)
+        tl.store(out_ptr + b.to(tl.int64) * H + cols, tl.where(take, picked, kept), mask=inside)
+
+
+def last_rows(x: torch.Tensor, last: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Each row's entry ``last[b]`` of ``x``, or ``fallback[b]`` where ``last[b] < 0``, in one launch on CUDA (the
+    reference's clamp, gather, compare and ``where`` are four). The EAGLE drafter's update keeps so the head output
+    of each row's last real entry (a row with none keeps its previous one).
+
+    Args:
+        x: Shape ``[B, M, H]``.
+        last: Shape ``[B]`` integer, ``-1``: none (``< M``).
+        fallback: Shape ``[B, H]`` (cast to ``x``'s dtype).
+
+    Returns:
+        Shape ``[B, H]``, ``x``'s dtype.
+
+    Example:
+        >>> last_rows(torch.arange(8.0).view(2, 2, 2), torch.tensor([1, -1]), torch.full((2, 2), -5.0)).tolist()
+        [[2.0, 3.0], [-5.0, -5.0]]
+    """
+    if not use_kernel("last_rows", x, last, fallback):
+        return last_rows_ref(x, last, fallback)
+    _check_last_rows(x, last, fallback)
+    B, M, H = x.shape
+    x = x if x.stride(2) == 1 else x.contiguous()
+    fallback = fallback.to(x.dtype)  # torch's rounding (a launch only where the dtypes differ)
+    fallback = fallback if fallback.stride(1) == 1 else fallback.contiguous()
+    out = torch.empty(B, H, dtype=x.dtype, device=x.device)
+    if B and H and M:
+        _last_rows_kernel[(B,)](x, last, fallback, out, M, H, x.stride(0), x.stride(1), fallback.stride(0),
+                                BLOCK=min(1024, next_pow2(H)), num_warps=4, **pdl_launch())
+    elif B and H:
+        out.copy_(fallback)
+    return out
