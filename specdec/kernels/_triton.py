@@ -121,9 +121,18 @@ def prefetch_bytes(weight: torch.Tensor, variable: str = "SPECDEC_PREFETCH") -> 
     0 unless the launch is early (:func:`pdl_launch` gives ``PDL == 2``), where a product's programs are resident
     while the small kernels before it run, and where every row of ``weight`` starts on 16 bytes (the prefetch's
     alignment; a split's offset within a row is a multiple of the kernels' K chunk)."""
-    if pdl_launch().get("PDL") != 2 or weight.data_ptr() % 16 or (weight.stride(0) * weight.element_size()) % 16:
-        return 0
-    return int(os.environ.get(variable, PREFETCH_DEFAULTS[variable]))
+    return prefetch_launch(weight, variable)["PREFETCH"]
+
+
+def prefetch_launch(weight: torch.Tensor, variable: str = "SPECDEC_PREFETCH") -> dict:
+    """Keywords for a product launch that may prefetch ``weight``: ``PREFETCH`` (:func:`prefetch_bytes`) and
+    :func:`pdl_launch`'s, with ``PDL == 3`` where it prefetches (the launch keywords resolved once)."""
+    kw = pdl_launch()
+    early = kw.get("PDL") == 2
+    if not early or weight.data_ptr() % 16 or (weight.stride(0) * weight.element_size()) % 16:
+        return {"PREFETCH": 0, **kw}
+    count = int(os.environ.get(variable, PREFETCH_DEFAULTS[variable]))
+    return {"PREFETCH": count, **kw, "PDL": 3} if count > 0 else {"PREFETCH": 0, **kw}
 
 
 def pdl_launch(prefetch: bool = False) -> dict:

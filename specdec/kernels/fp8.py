@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_bytes, prefetch_rows_l2, tl
+from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_launch, prefetch_rows_l2, tl
 from .skinny import skinny_accumulate, skinny_store, split_outputs  # the skinny kernel's loop and sums
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "quantize_fp8_rows", "quantize_fp8_rows_ref", "dequantize_fp8",
@@ -267,12 +267,11 @@ def _fp8_product(q, x_scale, w8, w_scale, bias, dtype, rows, n, k, config=None) 
         grid = (-(-n // block_n), split, -(-rows // block_m))
         out = split_outputs(y, split, grid[0] * grid[2])
         b = bias if bias is not None else w_scale
-        prefetch = prefetch_bytes(w8)
         _linear_fp8_kernel[grid](
             q, x_scale, w8, w_scale, b, out.target, y, out.counter_arg, rows, n, k, k_per, w8.stride(0), out.stride,
             HAS_BIAS=bias is not None, SPLIT=split, FIXUP=out.fixup, EVEN_K=k % (split * block_k) == 0,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-            PREFETCH=prefetch, **pdl_launch(prefetch=prefetch > 0),
+            **prefetch_launch(w8),
         )
         out.finish(b, bias is not None)
     return y

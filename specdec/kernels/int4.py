@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from ._dispatch import use_kernel
-from ._triton import as_rows, jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_bytes, prefetch_rows_l2, tl
+from ._triton import as_rows, jit, next_pow2, pdl_start, pdl_wait, prefetch_launch, prefetch_rows_l2, tl
 from .fp8 import FP8_DTYPE, Fp8Rows, _check_fp8_rows, flat_rows, quantize_fp8_rows, quantize_fp8_rows_ref
 from .skinny import skinny_store, split_outputs
 
@@ -280,12 +280,11 @@ def _int4_product(q, x_scale, weight: Int4Weight, bias, dtype, config=None) -> t
         grid = (-(-n // block_n), split, -(-rows // block_m))
         out = split_outputs(y, split, grid[0] * grid[2])
         b = bias if bias is not None else scales
-        prefetch = prefetch_bytes(codes)
         _linear_int4_kernel[grid](
             q, x_scale, codes, scales, b, out.target, y, out.counter_arg, rows, n, k, per, codes.stride(0), out.stride,
             HAS_BIAS=bias is not None, SPLIT=split, FIXUP=out.fixup, GROUP=group, UNROLL=unroll,
             EVEN_K=k % (2 * group) == 0, BLOCK_M=block_m, BLOCK_N=block_n, ASM=q.is_cuda, num_warps=num_warps,
-            num_stages=num_stages, PREFETCH=prefetch, **pdl_launch(prefetch=prefetch > 0),
+            num_stages=num_stages, **prefetch_launch(codes),
         )
         out.finish(b, bias is not None)
     return y

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_kernel
-from ._triton import jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_bytes, prefetch_rows_l2, tl
+from ._triton import jit, next_pow2, pdl_launch, pdl_start, pdl_wait, prefetch_launch, prefetch_rows_l2, tl
 from .gemv import check_linear, linear_operands
 
 __all__ = ["SKINNY_MAX_ROWS", "SKINNY_MIN_ROWS", "SKINNY_DTYPES", "SKINNY_DEFAULT_ROWS", "SkinnyConfig",
@@ -248,12 +248,11 @@ def _linear_skinny_triton(x, weight, bias, config=None) -> torch.Tensor:
         even_k = k % (split * block_k) == 0
         out = split_outputs(y, split, -(-n // block_n))
         b = bias if bias is not None else weight
-        prefetch = prefetch_bytes(weight, "SPECDEC_PREFETCH_VERIFY")
         _skinny_kernel[(-(-n // block_n), split)](
             x2, weight, b, out.target, y, out.counter_arg, rows, n, k, k_per_split, x2.stride(0), weight.stride(0), n,
             out.stride, HAS_BIAS=bias is not None, EVEN_K=even_k, SPLIT=split, FIXUP=out.fixup, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, PREFETCH=prefetch,
-            **pdl_launch(prefetch=prefetch > 0),
+            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+            **prefetch_launch(weight, "SPECDEC_PREFETCH_VERIFY"),
         )
         out.finish(b, bias is not None)
     return y.view(*x.shape[:-1], n)
