@@ -50,7 +50,16 @@ from torch import nn
 from .adapter import UnsupportedModelError
 from .graphs import CAPTURE_BLAS_CHOICES, capture_blas, use_capture_blas
 from .kernels.decode_attention import decode_attention
-from .kernels.decoder_ops import add_rms_norm, add_rms_norm_ref, rope_store, rope_store_ref, silu_mul, silu_mul_ref
+from .kernels.decoder_ops import (
+    add_rms_norm,
+    add_rms_norm_ref,
+    decoder_inputs,
+    decoder_inputs_ref,
+    rope_store,
+    rope_store_ref,
+    silu_mul,
+    silu_mul_ref,
+)
 from .kernels.gemv import DECODER_GEMV_ROWS, linear_rows
 from .kernels.skinny import SKINNY_DEFAULT_ROWS, SKINNY_MAX_ROWS, linear_skinny
 from .kernels.tree_attention import TREE_ATTENTION_MAX_M, tree_attention, tree_attention_shares_prefix
@@ -278,6 +287,11 @@ class FusedDecoder:
         self.tune_linears = _DECODE_DEFAULTS["tune_linears"]
         self.blas = capture_blas()  # the BLAS library its graphs are captured under (a change: capture again)
 
+    def clamps_ids(self, vocab: int) -> bool:
+        """Whether a forward reads ids clamped into ``[0, vocab)`` by itself: its embedding gather clamps into the
+        table (:func:`~specdec.kernels.decoder_inputs`), which has exactly ``vocab`` rows."""
+        return self.embed.shape[0] == vocab
+
     @property
     def settings(self) -> dict:
         """This decoder's kernel choices: ``gemv_rows``, ``skinny_rows``, ``decode_attention``, ``fused_ops``,
@@ -494,14 +508,14 @@ class FusedDecoder:
         """The layers; ``kv_len``: attend to the first ``kv_len`` slots only (``mask=None``: causally)."""
         B, M = tokens.shape
         nh, nk, d = self.heads, self.kv_heads, self.head_dim
-        h = F.embedding(tokens, self.embed)
-        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)  # [B, M, 1, d]
-        n = len(self.layers)
         # A cache's keys are written in slot order: nothing past this forward's last write slot is visible, so the
         # tree kernel reads (and splits) only the slots below it: about half of a 7B verify's static cache.
-        kv_end = None
-        if mask is not None and 1 < M <= TREE_ATTENTION_MAX_M and self.tree_attention:
-            kv_end = slots.amax(0, keepdim=True) + 1
+        ends = mask is not None and 1 < M <= TREE_ATTENTION_MAX_M and self.tree_attention and slots.dim() == 1
+        # the embeddings (ids clamped into the table), the RoPE rows and that bound: one launch on CUDA
+        inputs = decoder_inputs if self.fused_ops else decoder_inputs_ref
+        h, cos, sin, kv_end = inputs(tokens, positions, self.embed, self.cos, self.sin, slots if ends else None)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, M, 1, d]
+        n = len(self.layers)
         if not self.reads_prefix_end(B, M, mask is not None):
             prefix_end = visible_end = kv_start = None
         want = set(feature_layers)

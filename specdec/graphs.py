@@ -97,7 +97,7 @@ if TYPE_CHECKING:  # drafters import this module (Step); nothing here needs them
 
 __all__ = ["Step", "run_step", "capture_graph", "capture_graph_ref", "closure_tensors", "CapturedStep",
            "GraphableDrafter", "GraphedDrafter", "Fold", "cuda_graphed", "static_buffers", "BoundMark", "mark_bound",
-           "settle_bound", "CAPTURE_BLAS_CHOICES", "use_capture_blas", "capture_blas"]
+           "settle_bound", "CAPTURE_BLAS_CHOICES", "use_capture_blas", "capture_blas", "copy_changed"]
 
 # The BLAS library a captured step's GEMMs are picked from (torch.backends.cuda.preferred_blas_library, set for the
 # warm-up and the capture only; a graph keeps the kernels it captured). Measured on the H200 (session 21, Llama-2-7B
@@ -155,6 +155,11 @@ class Step(NamedTuple):
         key: what, beyond the input shapes, fixes ``fn``'s work (e.g. ``("propose", depth)``); ``None``: never
             capture this step.
         buffers: the tensors ``fn`` reads or writes in place besides its inputs (nested tuples of tensors).
+        owned_outputs: a graph wrapper may hand ``finish`` the captured step's own output tensors instead of clones:
+            the next replay overwrites them, which is safe when ``finish`` keeps them only in what it returns and
+            that is consumed before the step runs again (a drafter's state, consumed in order: EAGLE's update).
+            Their memory then stays put, so the next step may read them where they lie (:class:`GraphedDrafter`'s
+            ``in_place``) instead of copying them in.
     """
 
     fn: Callable[..., Any]
@@ -162,6 +167,7 @@ class Step(NamedTuple):
     finish: Callable[[Any], Any]
     key: Hashable | None = None
     buffers: Any = ()
+    owned_outputs: bool = False
 
 
 def static_buffers(buffers, batch: int, need: int, device, allocate: Callable[[int], Any], *, slack: int = 256,
@@ -303,6 +309,7 @@ class CapturedStep:
         self._run = run
         self._spec = _spec(inputs)
         self._leaves = _leaves(inputs)
+        self.outputs: Any = None  # the captured outputs of the last run (the same tensors at every replay)
 
     def __call__(self, *inputs) -> Any:
         """Copy ``inputs`` into the static buffers, run, and return clones of the outputs.
@@ -318,12 +325,36 @@ class CapturedStep:
                              f"step for these shapes")
         return self.run_matching(inputs)
 
-    def run_matching(self, inputs: tuple) -> Any:
+    def run_matching(self, inputs: tuple, *, clone: bool = True) -> Any:
         """:meth:`__call__` for a caller that has already matched ``inputs`` to the captured spec (its lookup key
-        holds it, as :class:`GraphedDrafter`'s does): no second walk over the inputs' shapes."""
+        holds it, as :class:`GraphedDrafter`'s does): no second walk over the inputs' shapes. ``clone=False``
+        returns the captured outputs themselves (a :class:`Step` with ``owned_outputs``)."""
         for static, new in zip(self._leaves, _leaves(inputs)):
             static.copy_(new)
-        return _map(torch.Tensor.clone, self._run())
+        self.outputs = self._run()
+        return _map(torch.Tensor.clone, self.outputs) if clone else self.outputs
+
+
+def copy_changed(statics, news, seen: dict) -> None:
+    """``static.copy_(new)`` for each pair, except where ``new`` is the tensor copied there last time and neither
+    was written since (their version counters): a caller passing the same constant at every call (the all-rows
+    mask) launches nothing for it.
+
+    Args:
+        statics: a captured step's static input tensors.
+        news: the tensors to copy in (the same count).
+        seen: the caller's record of the last copies (position -> (tensor, versions)), updated here.
+    """
+    for i, (static, new) in enumerate(zip(statics, news)):
+        last = seen.get(i)
+        try:
+            if last is not None and last[0] is new and last[1] == (new._version, static._version):
+                continue
+            static.copy_(new)
+            seen[i] = (new, (new._version, static._version))
+        except RuntimeError:  # inference tensors keep no version counter: always copy
+            static.copy_(new)
+            seen.pop(i, None)
 
 
 def capture_graph(fn: Callable[..., Any], inputs: tuple, *, warmup: int = 2) -> CapturedStep:
@@ -640,20 +671,22 @@ class GraphedDrafter:
             return run_step(step)
         key = (step.key, _spec(step.inputs))
         captured = self._graphs.get(key)
+        clone = not step.owned_outputs
         if captured is None:
             captured = self._graphs[key] = self.capture(step.fn, step.inputs)
             self.counts["captures"] += 1
-            outputs = captured.run_matching(step.inputs)  # the key holds the inputs' spec
-            self._in_place[key] = _InPlace(_reads_only(captured))  # consulted while in_place is on
+            outputs = captured.run_matching(step.inputs, clone=clone)  # the key holds the inputs' spec
+            # consulted while in_place is on; never reading its own outputs in place (they are rewritten inside)
+            self._in_place[key] = _InPlace(_reads_only(captured), _storages(captured.outputs))
             return step.finish(outputs)
         self.counts["replays"] += 1
         # not under compiling captures: each variant would be compiled anew (tens of seconds) for a few copies
         tracker = self._in_place.get(key) if self.in_place and not self._compiles() else None
         if tracker is not None:
-            outputs = tracker.run(step, self._buffer_storages, self._capture_in_place, self.counts)
+            outputs = tracker.run(step, self._buffer_storages, self._capture_in_place, self.counts, clone)
             if outputs is not None:
                 return step.finish(outputs)
-        return step.finish(captured.run_matching(step.inputs))
+        return step.finish(captured.run_matching(step.inputs, clone=clone))
 
     def _capture_in_place(self, step: Step, pinned: dict[int, torch.Tensor]) -> CapturedStep:
         """Capture ``step`` reading the leaves of ``pinned`` (input position -> tensor) where they lie; its inputs
@@ -984,14 +1017,17 @@ class _InPlace:
     MAX_VARIANTS = 4
     MAX_DROPPED = 8
 
-    def __init__(self, allowed: bool):
+    def __init__(self, allowed: bool, own: frozenset = frozenset()):
         self.allowed = allowed
         self.variants: dict = {}  # ((position, (address, strides)), ...) -> (captured step, pinned tensors)
         self.hot: tuple | None = None  # the variant used last: (its key, captured step, the leaves it copies)
         self.dropped = 0
+        self.own = frozenset(own)  # the storages of this step's own outputs (its graphs'): never read in place
 
-    def run(self, step: Step, buffer_storages: frozenset, capture: Callable, counts: dict) -> Any:
-        """The step's outputs from a variant (``None``: none applies; the caller replays the copying graph)."""
+    def run(self, step: Step, buffer_storages: frozenset, capture: Callable, counts: dict, clone: bool = True
+            ) -> Any:
+        """The step's outputs from a variant (``None``: none applies; the caller replays the copying graph);
+        ``clone=False``: the variant's own output tensors (``Step.owned_outputs``)."""
         if not self.allowed:
             return None
         leaves = _leaves(step.inputs)
@@ -999,8 +1035,8 @@ class _InPlace:
             stable, captured, copied = self.hot
             if all(_where(leaves[i]) == w for i, w in stable):
                 counts["in_place"] += 1
-                return captured.run_matching([leaves[i] for i in copied])
-        stable = tuple((i, _where(t)) for i, t in enumerate(leaves) if _held(t, buffer_storages))
+                return captured.run_matching([leaves[i] for i in copied], clone=clone)
+        stable = tuple((i, _where(t)) for i, t in enumerate(leaves) if _held(t, buffer_storages | self.own))
         if not stable:
             return None
         entry = self.variants.get(stable)
@@ -1019,7 +1055,14 @@ class _InPlace:
         copied = [i for i in range(len(leaves)) if i not in pinned]
         self.hot = (stable, captured, copied)
         counts["in_place"] += 1
-        return captured.run_matching([leaves[i] for i in copied])
+        outputs = captured.run_matching([leaves[i] for i in copied], clone=clone)
+        self.own |= _storages(captured.outputs)
+        return outputs
+
+
+def _storages(tree) -> frozenset:
+    """The storage addresses of a tree's tensors."""
+    return frozenset(t.untyped_storage().data_ptr() for t in _leaves(tree))
 
 
 def cuda_graphed(drafter: GraphableDrafter) -> GraphedDrafter:

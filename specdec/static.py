@@ -67,7 +67,16 @@ from torch import nn
 
 from .adapter import ForwardOutput, ModelAdapter, UnsupportedModelError, _consume, _Ticket
 from .fused import FusedDecoder, decode_settings, fused_support
-from .graphs import BoundMark, CapturedStep, _spec, capture_graph, capture_graph_ref, mark_bound, settle_bound
+from .graphs import (
+    BoundMark,
+    CapturedStep,
+    _spec,
+    capture_graph,
+    capture_graph_ref,
+    copy_changed,
+    mark_bound,
+    settle_bound,
+)
 from .kernels import KVCompactPlan, kept_at_ends, tree_mask, tree_mask_at
 
 __all__ = ["DEFAULT_BUCKETS", "CapacityError", "SlotLayer", "slot_cache", "StaticAdapter", "StaticCacheState",
@@ -1014,8 +1023,7 @@ class StaticAdapter:
         runner = buf.runners.get(graph_key) if size <= self.buckets[-1] else None
         inputs, all_parents = self._bucket_inputs(buf, state, *nodes, size, runner, graph_key, visible, device_mask)
         if runner is not None:
-            for static, new in zip(runner.inputs[len(inputs):], extra):
-                static.copy_(new)
+            copy_changed(runner.inputs[len(inputs):], extra, buf.consts.setdefault(("copied", graph_key), {}))
             out = runner._run()
         elif size > self.buckets[-1]:
             out = make_step()(*inputs, *extra)
@@ -1063,6 +1071,8 @@ class StaticAdapter:
         valid, ends, plan, vocab = buf.valid, buf.ends, buf.compact, self.vocab_size
         fused = self._store.fused
         prefix_end = not visible and fused is not None and fused.reads_prefix_end(valid.shape[0], size)
+        # the ids clamped into [0, V) before the embedding; the fused decoder's own gather clamps into its table
+        clamp = vocab is not None and not (fused is not None and fused.clamps_ids(vocab))
 
         def run(tokens, positions, mask, slots, parents, *extra):
             # root_present: the mask kernel finds the present nodes from the parents itself (present=None)
@@ -1071,7 +1081,7 @@ class StaticAdapter:
             tree_mask_at(valid, parents, present, slots[:1], mask)
             if prefix_end:  # the committed slots' count the fused decoder's tree attention reads (see _model_fn)
                 buf.prefix_end.copy_(slots[:1])
-            logits, feats = model(tokens if vocab is None else tokens.clamp(0, vocab - 1), positions, mask, slots)
+            logits, feats = model(tokens if not clamp else tokens.clamp(0, vocab - 1), positions, mask, slots)
             if size > M:
                 logits, feats = logits[:, :M], tuple(f[:, :M] for f in feats)
             keep, counts, outputs = decide(logits, tuple(feats), tokens[:, :M], positions[:, :M], parents[:, :M],

@@ -232,8 +232,22 @@ def step(adapter: ModelAdapter, state: DecodeState, *, drafter: Drafter | None =
                  source, active, verifier, clock, late=not sync and getattr(adapter, "commits_late", False))
 
 
+_ALL_ROWS: dict = {}  # (batch, device) -> (the all-True mask, its version when made)
+
+
 def _all_rows(roots: torch.Tensor) -> torch.Tensor:
-    return torch.ones_like(roots, dtype=torch.bool)
+    """Shape ``[B]`` bool, all True: every row active. The same tensor at every step while nothing wrote it (its
+    version counter), so a captured step that copies it in can see that it did not change (no launch at all)."""
+    key = (roots.shape[0], roots.device)
+    held = _ALL_ROWS.get(key)
+    try:
+        if held is not None and held[0]._version == held[1]:
+            return held[0]
+        mask = torch.ones_like(roots, dtype=torch.bool)
+        _ALL_ROWS[key] = (mask, mask._version)
+    except RuntimeError:  # an inference tensor keeps no version counter: a new one each time
+        return torch.ones_like(roots, dtype=torch.bool)
+    return mask
 
 
 def _plain(adapter, state: DecodeState, drafter, sampling, source, active, clock, sync: bool = True) -> StepOutput:

@@ -140,6 +140,37 @@ def test_table_rows_and_last_rows_equal_the_torch_ops_they_replace(device, dtype
         last_rows(x, last, fallback[:, :5])
 
 
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_slots", [True, False])
+def test_decoder_inputs_equal_the_embedding_rope_gathers_and_key_end_they_replace(device, dtype, with_slots):
+    """The fused decoder's inputs in one launch: the embeddings (ids clamped into the table), the RoPE rows at the
+    positions and ``max(slots) + 1``, bit for bit against the torch ops of the former code."""
+    from specdec.kernels import decoder_inputs, decoder_inputs_ref
+
+    embed = _randn(50, 1100, seed=21, device=device, dtype=dtype)  # rows wider than one program's block
+    cos, sin = _randn(64, 6, seed=22, device=device), _randn(64, 6, seed=23, device=device)
+    tokens = torch.tensor([[3, 49, 50, -2], [0, 7, 7, 120]], device=device)  # past both ends: clamped
+    positions = torch.tensor([[0, 63, 5, 2], [9, 9, 70, -1]], device=device)
+    slots = torch.tensor([17, 12, 30, 4, 29], device=device) if with_slots else None
+    with kernel_mode("triton"):
+        h, c, s, end = decoder_inputs(tokens, positions, embed, cos, sin, slots)
+    ref = decoder_inputs_ref(tokens, positions, embed, cos, sin, slots)
+    for got, want in zip((h, c, s), ref[:3]):
+        assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(h[0, 1], embed[49]) and torch.equal(h[0, 2], embed[49]) and torch.equal(h[0, 3], embed[0])
+    assert torch.equal(c[1, 2], cos[63]) and torch.equal(s[1, 3], sin[0])
+    in_range = (tokens >= 0) & (tokens < 50)
+    assert torch.equal(h[in_range], torch.nn.functional.embedding(tokens[in_range], embed))
+    if with_slots:
+        assert end.tolist() == [31] and end.dtype == slots.dtype
+    else:
+        assert end is None and ref[3] is None
+    with pytest.raises(ValueError, match="decoder_inputs"):
+        decoder_inputs(tokens, positions[:, :2], embed, cos, sin, slots)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="bf16 on the GPU")
 def test_bf16_results_are_within_one_unit_of_the_references_on_the_gpu():
     x, r = _randn(4, 4096, seed=1, device="cuda", dtype=torch.bfloat16), _randn(4, 4096, seed=2, device="cuda",

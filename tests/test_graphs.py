@@ -266,6 +266,28 @@ def test_a_step_that_writes_its_inputs_or_reads_its_buffers_never_reads_in_place
     assert buffered.counts["in_place"] == 0 and buffered.counts["replays"] == 2
 
 
+def test_owned_outputs_are_handed_over_uncloned_read_in_place_by_the_next_step_and_never_by_their_own():
+    graphed = _on_cpu(ToyDrafter())
+    buffers = (torch.zeros(1),)
+
+    def counter(x):  # owned outputs: the captured step's own tensors, overwritten by its next replay
+        return graphed._run(Step(fn=lambda x: x + 1, inputs=(x,), finish=lambda out: out, key=("count",),
+                                 buffers=buffers, owned_outputs=True))
+
+    x = counter(torch.zeros(2))
+    first = x
+    for i in range(2, 6):  # fed its own output: copied in every time (read in place, it would be rewritten inside)
+        x = counter(x)
+        assert x.tolist() == [float(i)] * 2
+    assert graphed.counts["in_place"] == 0 and graphed.in_place_keys == []
+    assert x.data_ptr() == first.data_ptr()  # the same memory at every replay, handed over as it is
+    # another step reads those outputs where they lie, and sees their latest value
+    assert _toy_step(graphed, x).tolist() == [50.0, 50.0]
+    assert _toy_step(graphed, x).tolist() == [50.0, 50.0] and ("toy",) in graphed.in_place_keys
+    x = counter(x)
+    assert _toy_step(graphed, x).tolist() == [60.0, 60.0] and graphed.counts["in_place"] == 2
+
+
 def test_in_place_variants_follow_moving_producers_up_to_a_bound():
     graphed = _on_cpu(ToyDrafter())
     keep = []
@@ -354,12 +376,15 @@ def test_on_the_fast_path_eagle_updates_read_the_verify_outputs_where_they_lie(t
             assert torch.equal(runs[0].sequences, other.sequences)
             assert runs[0].stats.num_accepted_per_step == other.stats.num_accepted_per_step
             assert runs[0].stats.num_draft_forwards == other.stats.num_draft_forwards
-        # on CPU each generate() builds its adapter afresh (new verify outputs: one more graph reading them; on CUDA
-        # the model's held adapter keeps its outputs), and nothing else is captured again
-        assert reading.in_place_keys == [("update",)] * (seed + 1) and copying.in_place_keys == []
+        # on CPU each generate() builds its adapter afresh (new verify outputs: one more update graph reading them;
+        # on CUDA the model's held adapter keeps its outputs); the update hands over its own outputs (owned_outputs),
+        # which the next draft reads in place: one more draft graph for that update graph's outputs
+        keys = reading.in_place_keys
+        assert keys.count(("update",)) == seed + 1 and copying.in_place_keys == []
+        assert sum(k[0] == "propose" for k in keys) == len(keys) - (seed + 1) >= seed + 1
         assert reading.counts["in_place"] > 0 and copying.counts["in_place"] == 0
         if seed == 1:
-            assert reading.counts["captures"] == captures + 1
+            assert reading.counts["captures"] == captures + 2
 
 
 def test_sampled_tree_at_temperature_drafts_eagerly(target, head):
@@ -389,3 +414,33 @@ def test_a_bound_is_retightened_from_a_copy_of_the_values_without_a_sync():
     assert settle_bound(23, mark) == (12, None)
     tight = mark_bound(torch.tensor([20]), 20)  # the bound was exact when marked: nothing to lower
     assert settle_bound(23, tight) == (23, None)
+
+
+def test_copy_changed_skips_only_the_same_unwritten_tensor():
+    from specdec.graphs import copy_changed
+    static, seen = torch.zeros(3), {}
+    const = torch.ones(3)
+    copy_changed([static], [const], seen)
+    assert static.tolist() == [1.0] * 3
+    static.zero_()  # the static input written since: copied again
+    copy_changed([static], [const], seen)
+    assert static.tolist() == [1.0] * 3
+    before = static._version
+    copy_changed([static], [const], seen)  # nothing changed: no copy at all
+    assert static._version == before
+    const.mul_(2)  # the source written in place: copied again
+    copy_changed([static], [const], seen)
+    assert static.tolist() == [2.0] * 3
+    copy_changed([static], [torch.full((3,), 5.0)], seen)  # another tensor: copied
+    assert static.tolist() == [5.0] * 3
+
+
+def test_the_all_rows_mask_is_one_tensor_until_someone_writes_it():
+    from specdec.step import _all_rows
+    roots = torch.zeros(3, dtype=torch.long)
+    a = _all_rows(roots)
+    assert a.dtype == torch.bool and a.tolist() == [True] * 3 and _all_rows(roots) is a
+    a[1] = False  # a caller wrote it: the next step gets a fresh, all-True one
+    b = _all_rows(roots)
+    assert b is not a and b.tolist() == [True] * 3
+    assert _all_rows(torch.zeros(2, dtype=torch.long)).shape == (2,)

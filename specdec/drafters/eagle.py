@@ -301,8 +301,10 @@ class EagleDrafter:
         tables = self._tables_for(cache)
         inputs = (state.lengths, state.last_hidden, feedback.tokens, feedback.next_tokens, feedback.positions,
                   feedback.valid, tuple(feedback.features))
+        # owned_outputs: the new lengths and last hidden state live in the state alone, which the next update
+        # consumes; a graph wrapper hands over its own tensors (no clones), which the next draft reads in place
         return Step(fn=lambda *tensors: self._absorb(cache, tables, *tensors), inputs=inputs, finish=finish,
-                    key=("update",) if M <= self.max_num_drafts + 1 else None, buffers=cache)
+                    key=("update",) if M <= self.max_num_drafts + 1 else None, buffers=cache, owned_outputs=True)
 
     def _absorb(self, cache: HeadCache, tables: _Tables, lengths: torch.Tensor, last_hidden: torch.Tensor,
                 tokens: torch.Tensor,

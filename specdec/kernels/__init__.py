@@ -39,6 +39,7 @@ op                                          replaces                            
 :func:`embed_concat`                        a draft head's ``cat([embedding, hidden])`` 1
 :func:`table_rows`                          the EAGLE drafter's RoPE rows (clamp, gather) 1
 :func:`last_rows`                           the EAGLE update's last real entries (4 ops)  1
+:func:`decoder_inputs`                      a forward's embeddings, RoPE rows, key end    1 (was 6)
 :func:`topk_rows`                           ``torch.topk`` of a dynamic tree's levels 1 (2-3 past 4,096 entries;
                                                                                      past 1,024 for <= 16 rows)
 :func:`log_softmax_topk`                    ``log_softmax`` + ``torch.topk`` (same)   1 (2-3, as above)
@@ -63,6 +64,8 @@ from .decode_attention import decode_attention, decode_attention_ref, decode_spl
 from .decoder_ops import (
                         add_rms_norm,
                         add_rms_norm_ref,
+                        decoder_inputs,
+                        decoder_inputs_ref,
                         embed_concat,
                         embed_concat_ref,
                         last_rows,
@@ -195,6 +198,7 @@ __all__ = [
     "decode_attention", "decode_attention_ref", "decode_split",
     "add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
     "embed_concat", "embed_concat_ref", "table_rows", "table_rows_ref", "last_rows", "last_rows_ref",
+    "decoder_inputs", "decoder_inputs_ref",
     "GEMV_MAX_ROWS", "DECODER_GEMV_ROWS", "gemv_config", "linear_rows", "linear_rows_ref",
     "SKINNY_MAX_ROWS", "SKINNY_DEFAULT_ROWS", "skinny_config", "linear_skinny", "linear_skinny_ref", "use_split_fixup",
     "tuned_linear_config", "linear_picks", "clear_linear_picks",

@@ -29,7 +29,8 @@ from .fp8 import _ONE_PASS_MAX as ROW_FP8_MAX  # the widest row rounded to float
 from .fp8 import FP8_DTYPE, Fp8Rows, store_fp8_row
 
 __all__ = ["add_rms_norm", "add_rms_norm_ref", "rope_store", "rope_store_ref", "silu_mul", "silu_mul_ref",
-           "embed_concat", "embed_concat_ref", "table_rows", "table_rows_ref", "last_rows", "last_rows_ref"]
+           "embed_concat", "embed_concat_ref", "table_rows", "table_rows_ref", "last_rows", "last_rows_ref",
+           "decoder_inputs", "decoder_inputs_ref"]
 
 
 # ---------------------------------------------------------------------------------------------- add + RMSNorm
@@ -528,3 +529,106 @@ def last_rows(x: torch.Tensor, last: torch.Tensor, fallback: torch.Tensor) -> to
     elif B and H:
         out.copy_(fallback)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- decoder inputs
+
+def decoder_inputs_ref(tokens: torch.Tensor, positions: torch.Tensor, embed: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, slots: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Reference for :func:`decoder_inputs` (same arguments and result): three clamps and gathers, a max and an add.
+    """
+    _check_decoder_inputs(tokens, positions, embed, cos, sin, slots)
+    h = embed[tokens.clamp(0, embed.shape[0] - 1)]
+    index = positions.clamp(0, cos.shape[0] - 1)
+    kv_end = None if slots is None else slots.amax(0, keepdim=True) + 1
+    return h, cos[index], sin[index], kv_end
+
+
+def _check_decoder_inputs(tokens, positions, embed, cos, sin, slots) -> None:
+    integer = (torch.int32, torch.int64)
+    if (tokens.dtype not in integer or positions.dtype not in integer or tokens.shape != positions.shape
+            or embed.dim() != 2 or cos.dim() != 2 or cos.shape != sin.shape
+            or (slots is not None and (slots.dim() != 1 or slots.dtype not in integer or not slots.numel()))):
+        raise ValueError(
+            f"decoder_inputs: tokens and positions [B, M] integer, embed [V, H], cos and sin [P, d] alike, slots [S] "
+            f"integer (or None); got tokens {tuple(tokens.shape)} {tokens.dtype}, positions {tuple(positions.shape)} "
+            f"{positions.dtype}, embed {tuple(embed.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, slots "
+            f"{None if slots is None else (tuple(slots.shape), slots.dtype)}")
+
+
+@jit
+def _decoder_inputs_kernel(tok_ptr, pos_ptr, emb_ptr, cos_ptr, sin_ptr, slot_ptr, h_ptr, c_ptr, s_ptr, end_ptr,
+                           V, P, H, D, S, s_emb, s_cos, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_S: tl.constexpr, HAS_SLOTS: tl.constexpr, PDL: tl.constexpr = False):
+    """Program ``r`` (a token): its embedding row and its RoPE rows (ids and positions clamped into the tables);
+    program 0 also ``max(slots) + 1``."""
+    pdl_start(PDL)
+    r = tl.program_id(0)
+    row = tl.minimum(tl.maximum(tl.load(tok_ptr + r), 0), V - 1).to(tl.int64)
+    for base in range(0, H, BLOCK_H):
+        cols = base + tl.arange(0, BLOCK_H)
+        tl.store(h_ptr + r.to(tl.int64) * H + cols, tl.load(emb_ptr + row * s_emb + cols, mask=cols < H), mask=cols < H)
+    at = tl.minimum(tl.maximum(tl.load(pos_ptr + r), 0), P - 1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    tl.store(c_ptr + r.to(tl.int64) * D + d, tl.load(cos_ptr + at * s_cos + d, mask=d < D), mask=d < D)
+    tl.store(s_ptr + r.to(tl.int64) * D + d, tl.load(sin_ptr + at * s_cos + d, mask=d < D), mask=d < D)
+    if HAS_SLOTS:
+        if r == 0:
+            k = tl.arange(0, BLOCK_S)
+            first = tl.load(slot_ptr)
+            tl.store(end_ptr, tl.max(tl.load(slot_ptr + k, mask=k < S, other=first), 0) + 1)
+
+
+def decoder_inputs(tokens: torch.Tensor, positions: torch.Tensor, embed: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, slots: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A decoder forward's inputs in one launch on CUDA: the token embeddings, the RoPE rows at the positions, and
+    the end of the written slots (the fused decoder's verify forward: six torch launches with the ids' clamp).
+
+    Ids and positions are clamped into their tables (an id past the vocabulary reads the last row; the fast path
+    flags such drafts and never commits them).
+
+    Args:
+        tokens: Shape ``[B, M]`` integer.
+        positions: Shape ``[B, M]`` integer.
+        embed: Shape ``[V, H]``, the embedding table (its rows contiguous).
+        cos, sin: Shape ``[P, d]`` each, the RoPE tables (alike strides).
+        slots: Shape ``[S]`` integer, the forward's write slots, or ``None``.
+
+    Returns:
+        ``(h [B, M, H], cos [B, M, d], sin [B, M, d], kv_end)``: ``kv_end = slots.max() + 1`` as Shape ``[1]`` (the
+        key bound of :func:`~specdec.kernels.tree_attention`), ``None`` without ``slots``.
+
+    Example:
+        >>> table = torch.arange(6.0).view(3, 2)
+        >>> h, c, s, end = decoder_inputs(torch.tensor([[2, 9]]), torch.tensor([[0, 1]]), table, table, -table,
+        ...                               torch.tensor([4, 5]))
+        >>> h.tolist(), c.tolist(), end.tolist()
+        ([[[4.0, 5.0], [4.0, 5.0]]], [[[0.0, 1.0], [2.0, 3.0]]], [6])
+    """
+    if not use_kernel("decoder_inputs", embed, tokens, positions, cos, sin):
+        return decoder_inputs_ref(tokens, positions, embed, cos, sin, slots)
+    _check_decoder_inputs(tokens, positions, embed, cos, sin, slots)
+    if embed.stride(1) != 1:
+        embed = embed.contiguous()
+    if cos.stride(1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    B, M = tokens.shape
+    (V, H), (P, D) = embed.shape, cos.shape
+    tokens, positions = tokens.contiguous(), positions.contiguous()
+    h = torch.empty(B, M, H, dtype=embed.dtype, device=embed.device)
+    c = torch.empty(B, M, D, dtype=cos.dtype, device=cos.device)
+    s = torch.empty(B, M, D, dtype=sin.dtype, device=sin.device)
+    end = None if slots is None else torch.empty(1, dtype=slots.dtype, device=slots.device)
+    if B * M:
+        S = 0 if slots is None else slots.shape[0]
+        slot_arg = tokens if slots is None else slots.contiguous()
+        _decoder_inputs_kernel[(B * M,)](tokens, positions, embed, cos, sin, slot_arg, h, c, s,
+                                         tokens if end is None else end, V, P, H, D, max(S, 1), embed.stride(0),
+                                         cos.stride(0), BLOCK_H=min(1024, next_pow2(H)), BLOCK_D=next_pow2(D),
+                                         BLOCK_S=next_pow2(max(S, 1)), HAS_SLOTS=slots is not None, num_warps=4,
+                                         **pdl_launch())
+    elif end is not None:
+        end.copy_(slots.amax(0, keepdim=True) + 1)
+    return h, c, s, end
