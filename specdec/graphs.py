@@ -69,6 +69,9 @@ whenever the same tensors come again. A replay reads them at the same point of t
 (after everything queued before, before anything queued after), so the results are the copying graph's; a variant
 keeps a reference to what it reads, so an address it matches is that tensor's. Tensors in the drafter's buffers
 are always copied. 5 copies fewer per EAGLE-1/2 update (7 for EAGLE-3's three feature layers), 2 per Medusa update.
+A step built with ``owned_outputs=True`` (EAGLE's update: its outputs live only in the state the next update
+consumes) gets its graph's own output tensors, not clones; the next draft then reads them where they lie too (2
+clones and 2 copies fewer a step). A step never reads its own outputs in place: its graphs rewrite them inside.
 :func:`capture_graph_ref` returns the same output tensors at every call, as a replay does, so the CPU tests see the
 same addresses the GPU sees.
 
