@@ -426,14 +426,20 @@ def _check_table_rows(table: torch.Tensor, index: torch.Tensor) -> None:
 
 
 @jit
-def _table_rows_kernel(table_ptr, index_ptr, out_ptr, N, W, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """Program ``r``: ``out[r] = table[clamp(index[r], 0, N - 1)]`` (rows of ``W`` contiguous elements)."""
-    pdl_start(PDL)
-    r = tl.program_id(0)
+def _clamped_row(table_ptr, index_ptr, r, N, row_stride, out_ptr, W, BLOCK: tl.constexpr):
+    """``out[r] = table[clamp(index[r], 0, N - 1)]``: one row of ``W`` contiguous elements, ``BLOCK`` at a time."""
     row = tl.minimum(tl.maximum(tl.load(index_ptr + r), 0), N - 1).to(tl.int64)
     for base in range(0, W, BLOCK):
         cols = base + tl.arange(0, BLOCK)
-        tl.store(out_ptr + r.to(tl.int64) * W + cols, tl.load(table_ptr + row * W + cols, mask=cols < W), mask=cols < W)
+        tl.store(out_ptr + r.to(tl.int64) * W + cols, tl.load(table_ptr + row * row_stride + cols, mask=cols < W),
+                 mask=cols < W)
+
+
+@jit
+def _table_rows_kernel(table_ptr, index_ptr, out_ptr, N, W, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Program ``r``: ``out[r] = table[clamp(index[r], 0, N - 1)]`` (rows of ``W`` contiguous elements)."""
+    pdl_start(PDL)
+    _clamped_row(table_ptr, index_ptr, tl.program_id(0), N, W, out_ptr, W, BLOCK)
 
 
 def table_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -565,10 +571,7 @@ def _decoder_inputs_kernel(tok_ptr, pos_ptr, emb_ptr, cos_ptr, sin_ptr, slot_ptr
     program 0 also ``max(slots) + 1``."""
     pdl_start(PDL)
     r = tl.program_id(0)
-    row = tl.minimum(tl.maximum(tl.load(tok_ptr + r), 0), V - 1).to(tl.int64)
-    for base in range(0, H, BLOCK_H):
-        cols = base + tl.arange(0, BLOCK_H)
-        tl.store(h_ptr + r.to(tl.int64) * H + cols, tl.load(emb_ptr + row * s_emb + cols, mask=cols < H), mask=cols < H)
+    _clamped_row(emb_ptr, tok_ptr, r, V, s_emb, h_ptr, H, BLOCK_H)
     at = tl.minimum(tl.maximum(tl.load(pos_ptr + r), 0), P - 1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     tl.store(c_ptr + r.to(tl.int64) * D + d, tl.load(cos_ptr + at * s_cos + d, mask=d < D), mask=d < D)
