@@ -378,7 +378,16 @@ def capture_tally(method: Callable, target=None) -> dict[str, int]:
         tally.update({"target builds": sum(h["builds"] for h in held),
                       "target captures": sum(h["captures"] for h in held)})
     tally["triton kernels"] = sd.bench.triton_kernels_loaded()
+    frames = _compiled_frames()
+    if frames:  # torch.compile has run in this process (gpt-fast's steps, fast="compile"): a recompile shows
+        tally["compiled frames"] = frames
     return tally
+
+
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled so far in this process (0 before any compile)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["frames"]["total"]) if dynamo is not None else 0
 
 
 def time_methods(methods: dict[str, Callable], inputs: list, *, warmup: int, max_seconds: float | None, device,
@@ -522,8 +531,33 @@ def prompt_count(rows: list[dict], loaded: int) -> str:
     return f"{hi if lo == hi else f'{lo}-{hi}'} of {loaded} prompts timed"
 
 
+def void_rows(rows: list[dict], min_inputs: int = 2) -> list[str]:
+    """The batch-1 rows whose figure is not a measurement: timed on fewer than ``min_inputs`` prompts, or holding a
+    capture, rebuild, kernel load or compile inside a timed call (``captured_while_timed``; a drafter's eager steps,
+    paid by every call by design, do not count)."""
+    void = []
+    for r in rows:
+        if r.get("batch") != 1:
+            continue
+        moved = {k for k in r.get("captured_while_timed") or {} if k != "drafter eager"}
+        if r.get("inputs", min_inputs) < min_inputs or moved:
+            void.append(f"{r['method']} ({r.get('inputs')} timed, {', '.join(sorted(moved)) or 'nothing'} moved)")
+    return void
+
+
 def checks(rows: list[dict]) -> list[str]:
-    """Issue 13's targets, each as one line with the measured figures."""
+    """Issue 13's targets, each as one line with the measured figures. When a batch-1 row is void (:func:`void_rows`)
+    the run is no measurement: a first line names those rows and every verdict reads ``void`` (the methods run
+    interleaved, so one row's compile or capture stops the timed loop for all of them)."""
+    lines = _checks(rows)
+    void = void_rows(rows)
+    if not void:
+        return lines
+    return ([f"VOID, not a measurement: {'; '.join(void)}; raise --warmup, --num-prompts or --max-seconds"]
+            + [re.sub(r": (ok|MISS.*)$", r": void (\1)", line) for line in lines])
+
+
+def _checks(rows: list[dict]) -> list[str]:
     by = {r["method"]: r for r in rows if r["batch"] == 1}
     gf = by.get("gpt-fast vanilla")
     if gf is None:
