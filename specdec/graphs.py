@@ -305,6 +305,8 @@ class CapturedStep:
 
     Attributes:
         inputs: the static input buffers (the same structure as the inputs given at capture).
+        outputs: the captured outputs of the last run, the same tensors at every replay (``None`` before the first
+            :meth:`run_matching`); what :class:`GraphedDrafter` keeps a step from reading in place.
     """
 
     def __init__(self, inputs: tuple, run: Callable[[], Any]):
