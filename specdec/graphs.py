@@ -682,7 +682,7 @@ class GraphedDrafter:
             self.counts["captures"] += 1
             outputs = captured.run_matching(step.inputs, clone=clone)  # the key holds the inputs' spec
             # consulted while in_place is on; never reading its own outputs in place (they are rewritten inside)
-            self._in_place[key] = _InPlace(_reads_only(captured), _storages(captured.outputs))
+            self._in_place[key] = _InPlace(_reads_only(captured), _storages(getattr(captured, "outputs", None)))
             return step.finish(outputs)
         self.counts["replays"] += 1
         # not under compiling captures: each variant would be compiled anew (tens of seconds) for a few copies
@@ -1061,7 +1061,7 @@ class _InPlace:
         self.hot = (stable, captured, copied)
         counts["in_place"] += 1
         outputs = captured.run_matching([leaves[i] for i in copied], clone=clone)
-        self.own |= _storages(captured.outputs)
+        self.own |= _storages(getattr(captured, "outputs", None))
         return outputs
 
 
