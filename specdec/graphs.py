@@ -314,7 +314,7 @@ class CapturedStep:
         self._run = run
         self._spec = _spec(inputs)
         self._leaves = _leaves(inputs)
-        self.outputs: Any = None  # the captured outputs of the last run (the same tensors at every replay)
+        self.outputs: Any = None
 
     def __call__(self, *inputs) -> Any:
         """Copy ``inputs`` into the static buffers, run, and return clones of the outputs.

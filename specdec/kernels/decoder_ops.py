@@ -572,10 +572,8 @@ def _decoder_inputs_kernel(tok_ptr, pos_ptr, emb_ptr, cos_ptr, sin_ptr, slot_ptr
     pdl_start(PDL)
     r = tl.program_id(0)
     _clamped_row(emb_ptr, tok_ptr, r, V, s_emb, h_ptr, H, BLOCK_H)
-    at = tl.minimum(tl.maximum(tl.load(pos_ptr + r), 0), P - 1).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    tl.store(c_ptr + r.to(tl.int64) * D + d, tl.load(cos_ptr + at * s_cos + d, mask=d < D), mask=d < D)
-    tl.store(s_ptr + r.to(tl.int64) * D + d, tl.load(sin_ptr + at * s_cos + d, mask=d < D), mask=d < D)
+    _clamped_row(cos_ptr, pos_ptr, r, P, s_cos, c_ptr, D, BLOCK_D)
+    _clamped_row(sin_ptr, pos_ptr, r, P, s_cos, s_ptr, D, BLOCK_D)
     if HAS_SLOTS:
         if r == 0:
             k = tl.arange(0, BLOCK_S)
