@@ -4,7 +4,8 @@ variant). Each measurement builds a fresh drafter (its graphs captured with the 
 static adapter, as bench_fast_7b.py's fast_spec_fr4 column does (batch 1, context 512, FR-Spec 8,192, group 128,
 median of REPS steps from an idle device after 3 warm-ups). Variants: the launch tuple of int4_linear_config
 (BLOCK_N, SPLIT, num_warps, num_stages, UNROLL) replaced, or SPECDEC_PREFETCH changed.
-Usage: python ab_int4.py [ROUNDS] [variant ...]"""
+Also tree attention's launch plans (the batch-1 verify's, a head level's), the verify's prefetch and the split
+products' in-launch sum. Usage: python ab_int4.py [ROUNDS] [variant ...]"""
 import os
 import statistics
 import sys
@@ -15,6 +16,8 @@ sys.path.insert(0, "examples")
 import bench_fast_7b as B  # noqa: E402
 
 import specdec.kernels.int4 as I4  # noqa: E402
+import specdec.kernels.skinny  # noqa: E402,F401
+import specdec.kernels.tree_attention  # noqa: E402,F401
 from specdec import recipes  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
 from specdec.nn import quantize_int4_  # noqa: E402
@@ -31,18 +34,67 @@ def split_rule(target, bn=64, warps=4, stages=3):
     return cfg
 
 
+ta = sys.modules["specdec.kernels.tree_attention"]
+sk = sys.modules["specdec.kernels.skinny"]
+ATT = ta.tree_attention_launch
+REPLACED = [0]  # launches whose plan a variant replaced (printed per round: 0 means the variant did nothing)
+
+
+def att(verify=None, head=None):
+    """tree_attention_launch with the batch-1 verify's plan (64 queries) and / or a head level's plan (< 32
+    queries, 8 warps, 128-key tiles) replaced; ``head`` may be a function of the library's plan."""
+    def launch(rows_heads, queries, keys, head_dim=128, **kw):
+        plan = ATT(rows_heads, queries, keys, head_dim, **kw)
+        if verify is not None and queries > 32 and plan == (32, 2, 64, 8, 3):
+            REPLACED[0] += 1
+            return verify
+        if head is not None and queries <= 32 and plan[2:] == (128, 8, 1):
+            REPLACED[0] += 1
+            return head(plan)
+        return plan
+    return launch
+
+
+# name -> (int4 config function, tree_attention_launch, environment, split fixup)
 VARIANTS = {
-    "lib": (LIB, None),
-    "sp528": (split_rule(528), None),
-    "sp132": (split_rule(132), None),
-    "st4": (split_rule(264, stages=4), None),
-    "st2": (split_rule(264, stages=2), None),
-    "bn32": (split_rule(264, bn=32), None),
-    "bn32w2": (split_rule(264, bn=32, warps=2), None),
-    "pf0": (LIB, "0"),
-    "pf256": (LIB, "256"),
-    "pf1024": (LIB, "1024"),
+    "lib": (LIB, ATT, {}, False),
+    "sp528": (split_rule(528), ATT, {}, False),
+    "sp132": (split_rule(132), ATT, {}, False),
+    "st4": (split_rule(264, stages=4), ATT, {}, False),
+    "pf0": (LIB, ATT, {"SPECDEC_PREFETCH": "0"}, False),
+    "pf128": (LIB, ATT, {"SPECDEC_PREFETCH": "128"}, False),
+    "pf256": (LIB, ATT, {"SPECDEC_PREFETCH": "256"}, False),
+    "pf384": (LIB, ATT, {"SPECDEC_PREFETCH": "384"}, False),
+    "vpf256": (LIB, ATT, {"SPECDEC_PREFETCH_VERIFY": "256"}, False),
+    "fixup": (LIB, ATT, {}, True),
+    "h64w4s2": (LIB, att(head=lambda p: (*p[:2], 64, 4, 2)), {}, False),
+    "h64w4s1": (LIB, att(head=lambda p: (*p[:2], 64, 4, 1)), {}, False),
+    "h128w4s1": (LIB, att(head=lambda p: (*p[:2], 128, 4, 1)), {}, False),
+    "hsplit2x": (LIB, att(head=lambda p: (p[0], min(16, 2 * p[1]), *p[2:])), {}, False),
+    "hsplit.5": (LIB, att(head=lambda p: (p[0], max(1, p[1] // 2), *p[2:])), {}, False),
+    "v4split": (LIB, att(verify=(32, 4, 64, 8, 3)), {}, False),
+    "v3split": (LIB, att(verify=(32, 3, 64, 8, 3)), {}, False),
+    "v1split": (LIB, att(verify=(32, 1, 64, 8, 3)), {}, False),
+    "vm16": (LIB, att(verify=(16, 2, 64, 4, 3)), {}, False),
+    "vm64": (LIB, att(verify=(64, 2, 64, 8, 3)), {}, False),
+    "vt32": (LIB, att(verify=(32, 2, 32, 4, 3)), {}, False),
+    "vt128": (LIB, att(verify=(32, 2, 128, 8, 2)), {}, False),
+    "vs2": (LIB, att(verify=(32, 2, 64, 8, 2)), {}, False),
+    "vw4": (LIB, att(verify=(32, 2, 64, 4, 3)), {}, False),
 }
+ENV_KEYS = {k for v in VARIANTS.values() for k in v[2]}
+BASE_ENV = {k: os.environ.get(k) for k in ENV_KEYS}
+
+
+def apply(name):
+    cfg, launch, env, fixup = VARIANTS[name]
+    I4.int4_linear_config = cfg
+    ta.tree_attention_launch = launch
+    sk.use_split_fixup(fixup)
+    for k in ENV_KEYS:
+        value = env.get(k, BASE_ENV[k])
+        os.environ.pop(k, None) if value is None else os.environ.__setitem__(k, value)
+
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 names = sys.argv[2:] or list(VARIANTS)
@@ -65,25 +117,19 @@ capacity = capacity_for(512, (3 + reps) * (B.TREE["depth"] + 1), 128)
 layers = h4.feature_layers
 kw = dict(warmup=3, reps=reps, device=dev)
 res = {n: [] for n in ["plain", *names]}
-default_pf = os.environ.get("SPECDEC_PREFETCH")
 for r in range(rounds):
     res["plain"].append(B.time_ms(B.specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw))
     torch.cuda.empty_cache() if not TINY else None
     for name in (names if r % 2 == 0 else names[::-1]):
-        cfg, pf = VARIANTS[name]
-        I4.int4_linear_config = cfg
-        if pf is None:
-            os.environ.pop("SPECDEC_PREFETCH", None) if default_pf is None else os.environ.update(
-                SPECDEC_PREFETCH=default_pf)
-        else:
-            os.environ["SPECDEC_PREFETCH"] = pf
+        apply(name)
         drafter = recipes.eagle2(h4, **B.TREE)
         fn = B.specdec_step(StaticAdapter(model, layers, capacity=capacity), ids, drafter, B.TREE["depth"],
                             sync=False)
         res[name].append(B.time_ms(fn, **kw))
         del fn, drafter
         torch.cuda.empty_cache() if not TINY else None
-    I4.int4_linear_config = LIB
+    apply("lib")
+    print(f"plans replaced so far: {REPLACED[0]}")
     print(f"round {r}: " + "  ".join(f"{n} {v[-1]:.3f}" for n, v in res.items()), flush=True)
 print(f"{'variant':8s} {'median ms':>9s} {'/plain':>7s}  rounds")
 p = statistics.median(res["plain"])
