@@ -67,6 +67,7 @@ VARIANTS = {
     "pf384": (LIB, ATT, {"SPECDEC_PREFETCH": "384"}, False),
     "vpf256": (LIB, ATT, {"SPECDEC_PREFETCH_VERIFY": "256"}, False),
     "fixup": (LIB, ATT, {}, True),
+    "fmerge": (LIB, ATT, {}, "merge"),
     "h64w4s2": (LIB, att(head=lambda p: (*p[:2], 64, 4, 2)), {}, False),
     "h64w4s1": (LIB, att(head=lambda p: (*p[:2], 64, 4, 1)), {}, False),
     "h128w4s1": (LIB, att(head=lambda p: (*p[:2], 128, 4, 1)), {}, False),
@@ -90,7 +91,8 @@ def apply(name):
     cfg, launch, env, fixup = VARIANTS[name]
     I4.int4_linear_config = cfg
     ta.tree_attention_launch = launch
-    sk.use_split_fixup(fixup)
+    sk.use_split_fixup(fixup is True)
+    ta.use_fused_tree_merge(fixup == "merge")
     for k in ENV_KEYS:
         value = env.get(k, BASE_ENV[k])
         os.environ.pop(k, None) if value is None else os.environ.__setitem__(k, value)
@@ -112,6 +114,8 @@ h4 = Eagle1Head.from_target(model, draft_vocab=kept)
 h4.load_state_dict(head.state_dict())
 del head
 quantize_int4_(h4.eval().requires_grad_(False), group=128)
+if not TINY:  # the fused merge's counters, made before any capture (a capture cannot allocate them)
+    ta._merge_counters(torch.device(dev), 1 << 16)
 ids = torch.randint(0, V, (1, 512), device=dev, generator=torch.Generator(device=dev).manual_seed(1))
 capacity = capacity_for(512, (3 + reps) * (B.TREE["depth"] + 1), 128)
 layers = h4.feature_layers
