@@ -26,11 +26,11 @@ from specdec.static import StaticAdapter, capacity_for  # noqa: E402
 LIB = I4.int4_linear_config
 
 
-def split_rule(target, bn=64, warps=4, stages=3):
+def split_rule(target, bn=64, warps=4, stages=3, unroll=1):
     def cfg(rows, n, k, group=128):
         programs = -(-n // bn)
         split = 1 if programs >= target else min(8, -(-target // programs))
-        return bn, max(1, min(split, -(-k // 256))), warps, stages, max(1, 128 // group)
+        return bn, max(1, min(split, -(-k // 256))), warps, stages, unroll * max(1, 128 // group)
     return cfg
 
 
