@@ -6,3 +6,10 @@ timeout 560 python3 docs/results/fast_s50/scripts/ab_int4.py 3 lib fmerge pf256 
 grep "replaced" $OUT/ab.log | tail -1
 grep -A30 "^variant" $OUT/ab.log; grep -i -m3 "error\|Traceback" $OUT/ab.log
 true
+# then the gate as bench_fast_7b.py times it, two processes (the card's own figures)
+ARGS="--only fast_plain fast_spec_fr8 fast_spec_fr4 --reps 20 --warmup 3 --draft-vocab 8192 --batches 1"
+for i in 1 2; do
+  timeout 70 python3 examples/bench_fast_7b.py $ARGS > $OUT/b7_$i.log 2>&1
+  echo "gate $i: $(grep 'batch 1:' $OUT/b7_$i.log | cut -c1-300)"
+done
+true
