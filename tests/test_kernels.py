@@ -919,7 +919,7 @@ def test_weights_are_prefetched_only_in_the_early_order_from_aligned_rows_and_th
 
     w = torch.zeros(8, 256, dtype=torch.bfloat16)
     monkeypatch.setattr(_triton, "pdl_launch", lambda prefetch=False: {"PDL": 2, "launch_pdl": True})
-    assert _triton.prefetch_bytes(w) == _triton.PREFETCH_DEFAULTS["SPECDEC_PREFETCH"] == 512
+    assert _triton.prefetch_bytes(w) == _triton.PREFETCH_DEFAULTS["SPECDEC_PREFETCH"] == 128
     assert _triton.prefetch_bytes(w, "SPECDEC_PREFETCH_VERIFY") == 0
     monkeypatch.setenv("SPECDEC_PREFETCH_VERIFY", "1024")
     assert _triton.prefetch_bytes(w, "SPECDEC_PREFETCH_VERIFY") == 1024

@@ -110,8 +110,9 @@ def _env_on(name: str, default: str = "1") -> bool:
 
 
 #: Bytes per weight row the draft heads' float8 / 4-bit products ask L2 for before their wait (early order only),
-#: and the verify's skinny products: measured on an H100 (session 47, ``docs/fast_path_log.md``).
-PREFETCH_DEFAULTS = {"SPECDEC_PREFETCH": 512, "SPECDEC_PREFETCH_VERIFY": 0}
+#: and the verify's skinny products: measured on an H100 (sessions 47 and 50, ``docs/fast_path_log.md``; session
+#: 50 timed 64-512 bytes for the heads inside the 7B step, in one process: 128 the fastest with the 4-bit head).
+PREFETCH_DEFAULTS = {"SPECDEC_PREFETCH": 128, "SPECDEC_PREFETCH_VERIFY": 0}
 
 
 def prefetch_bytes(weight: torch.Tensor, variable: str = "SPECDEC_PREFETCH") -> int:

@@ -5,7 +5,8 @@ static adapter, as bench_fast_7b.py's fast_spec_fr4 column does (batch 1, contex
 median of REPS steps from an idle device after 3 warm-ups). Variants: the launch tuple of int4_linear_config
 (BLOCK_N, SPLIT, num_warps, num_stages, UNROLL) replaced, or SPECDEC_PREFETCH changed.
 Also tree attention's launch plans (the batch-1 verify's, a head level's), the verify's prefetch and the split
-products' in-launch sum. Usage: python ab_int4.py [ROUNDS] [variant ...]"""
+products' in-launch sum. Env: HEAD=fp8 (the float8 head), QUEUED=N (N steps back to back per timed run), REPS.
+Usage: python ab_int4.py [ROUNDS] [variant ...]"""
 import os
 import statistics
 import sys
@@ -20,7 +21,7 @@ import specdec.kernels.skinny  # noqa: E402,F401
 import specdec.kernels.tree_attention  # noqa: E402,F401
 from specdec import recipes  # noqa: E402
 from specdec.heads import Eagle1Head  # noqa: E402
-from specdec.nn import quantize_int4_  # noqa: E402
+from specdec.nn import quantize_fp8_, quantize_int4_  # noqa: E402
 from specdec.static import StaticAdapter, capacity_for  # noqa: E402
 
 LIB = I4.int4_linear_config
@@ -67,6 +68,9 @@ VARIANTS = {
     "pf0": (LIB, ATT, {"SPECDEC_PREFETCH": "0"}, False),
     "pf128": (LIB, ATT, {"SPECDEC_PREFETCH": "128"}, False),
     "pf256": (LIB, ATT, {"SPECDEC_PREFETCH": "256"}, False),
+    "pf64": (LIB, ATT, {"SPECDEC_PREFETCH": "64"}, False),
+    "pf192": (LIB, ATT, {"SPECDEC_PREFETCH": "192"}, False),
+    "pf512": (LIB, ATT, {"SPECDEC_PREFETCH": "512"}, False),
     "pf384": (LIB, ATT, {"SPECDEC_PREFETCH": "384"}, False),
     "vpf256": (LIB, ATT, {"SPECDEC_PREFETCH_VERIFY": "256"}, False),
     "fixup": (LIB, ATT, {}, True),
@@ -119,13 +123,17 @@ kept = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:min(8192, 
 h4 = Eagle1Head.from_target(model, draft_vocab=kept)
 h4.load_state_dict(head.state_dict())
 del head
-quantize_int4_(h4.eval().requires_grad_(False), group=128)
+if os.environ.get("HEAD") == "fp8":  # the float8 head instead (fast_spec_fr8's)
+    quantize_fp8_(h4.eval().requires_grad_(False))
+else:
+    quantize_int4_(h4.eval().requires_grad_(False), group=128)
 if not TINY:  # the fused merge's counters, made before any capture (a capture cannot allocate them)
     ta._merge_counters(torch.device(dev), 1 << 16)
 ids = torch.randint(0, V, (1, 512), device=dev, generator=torch.Generator(device=dev).manual_seed(1))
-capacity = capacity_for(512, (3 + reps) * (B.TREE["depth"] + 1), 128)
+queued = int(os.environ.get("QUEUED", "1"))  # steps queued back to back per timed run (bench_fast_7b's --queued)
+capacity = capacity_for(512, (3 + reps) * queued * (B.TREE["depth"] + 1), 128)
 layers = h4.feature_layers
-kw = dict(warmup=3, reps=reps, device=dev)
+kw = dict(warmup=3, reps=reps, device=dev, queued=queued)
 res = {n: [] for n in ["plain", *names]}
 for r in range(rounds):
     res["plain"].append(B.time_ms(B.specdec_step(StaticAdapter(model, capacity=capacity), ids, sync=False), **kw))
